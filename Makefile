@@ -1,0 +1,59 @@
+# gpubox: `make test` runs every tier (the sandbox integration included); `make demo` converges
+# and verifies a local sandbox box. Both bootstrap .venv and the host packages themselves.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+HOST_PACKAGES := debootstrap systemd-container dpkg-dev apt-utils gnupg openssh-client \
+	iproute2 socat curl
+SRC := src tests deploy inventories benchmarks
+
+.PHONY: all venv host-packages lint unit ops integration test demo demo-down bench clean
+
+all: test
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+host-packages:
+	@missing=$$(for p in $(HOST_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing host packages: $$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+lint: venv
+	$(BIN)/ruff check $(SRC)
+	$(BIN)/ruff format --check $(SRC)
+	$(BIN)/mypy src
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+ops: venv
+	$(BIN)/pytest -q tests/ops
+
+integration: venv host-packages
+	$(BIN)/pytest -q -m integration tests/integration
+
+test: lint unit ops integration
+
+demo: venv host-packages
+	$(PY) -m gpubox.demo
+
+demo-down: venv
+	$(BIN)/gpubox sandbox down
+
+bench: venv host-packages
+	$(PY) benchmarks/deploy_timing.py
+
+clean:
+	-$(BIN)/gpubox sandbox down
+	rm -rf $(VENV)

@@ -1,0 +1,24 @@
+"""The reference box: 2x Tesla V100-SXM2-32GB joined by NVLink, Ubuntu 24.04.
+
+Copy to inventories/mybox.py and set the address. Every key is documented in the README
+(and declared once in src/gpubox/config.py)."""
+
+box = {
+    "ssh_hostname": "192.0.2.10",  # your box's address (this one is a documentation address)
+    "ssh_user": "root",  # or a sudoer, with "_sudo": True
+    "gpu_model": "Tesla V100-SXM2-32GB",
+    "gpu_count": 2,
+    "nvlink": True,
+    "driver_branch": "570",
+    "cuda_version": "12.8",
+    "allow_reboot": True,
+    "persistence_mode": True,
+    # Mirrors: point any catalog URL elsewhere, e.g. NVIDIA's repository:
+    # "catalog_overrides": {
+    #     "repos.nvidia_cuda.url": "https://mirrors.example.org/nvidia-cuda/{distro}/x86_64/",
+    #     "repos.nvidia_cuda.key_url":
+    #         "https://mirrors.example.org/nvidia-cuda/{distro}/x86_64/cuda-archive-keyring.gpg",
+    # },
+}
+
+hosts = [("v100box", box)]

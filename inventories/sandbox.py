@@ -1,0 +1,37 @@
+"""The local sandbox box (gpubox sandbox up): a Debian 12 systemd host in systemd-nspawn
+with stand-in GPUs, installing from a stand-in NVIDIA repository served on loopback.
+
+Everything that differs from a real box is data here: the connection, and the catalog URLs
+and key fingerprint pointed at the stand-in repository, through the same catalog_overrides
+key a user would use for a mirror."""
+
+from gpubox.sandbox import box_info
+
+info = box_info()
+
+hosts = [
+    (
+        "gpubox-sandbox",
+        {
+            "ssh_hostname": info["ssh_hostname"],
+            "ssh_port": info["ssh_port"],
+            "ssh_user": info["ssh_user"],
+            "ssh_key": info["ssh_key"],
+            "ssh_known_hosts_file": info["ssh_known_hosts_file"],
+            "ssh_strict_host_key_checking": "no",
+            "gpu_model": "Tesla V100-SXM2-32GB",
+            "gpu_count": 2,
+            "nvlink": True,
+            "driver_branch": "570",
+            "cuda_version": "12.8",
+            # The box shares the host's kernel, whose headers are not in Debian's archive.
+            "driver_kernel_headers": False,
+            "reboot_timeout": 120,
+            "catalog_overrides": {
+                "repos.nvidia_cuda.url": info["repo_url"],
+                "repos.nvidia_cuda.key_url": info["key_url"],
+                "repos.nvidia_cuda.key_fingerprint": info["key_fingerprint"],
+            },
+        },
+    )
+]

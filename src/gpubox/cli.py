@@ -1,0 +1,50 @@
+"""The gpubox command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpubox import config, inventory
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        hosts = inventory.load(args.inventory)
+    except Exception as exc:  # a broken inventory file is the user's to see, whole
+        print(f"gpubox check: cannot read {args.inventory}: {exc}", file=sys.stderr)
+        return 2
+    if not hosts:
+        print(f"gpubox check: {args.inventory} defines no hosts", file=sys.stderr)
+        return 2
+    errors = 0
+    for name, data in hosts:
+        _, problems = config.validate(name, data)
+        for problem in problems:
+            print(f"{problem.severity}: {problem}")
+            errors += problem.severity == "error"
+    if errors:
+        print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
+        return 2
+    print(f"{args.inventory}: {len(hosts)} host(s) valid")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sandbox"]:
+        from gpubox.sandbox.cli import main as sandbox_main
+
+        return sandbox_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="gpubox", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="validate an inventory offline (no host is contacted)")
+    check.add_argument("inventory")
+    check.set_defaults(func=cmd_check)
+    sub.add_parser("sandbox", help="the local sandbox box: up|down|status|ssh|exec")
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

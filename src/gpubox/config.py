@@ -1,0 +1,326 @@
+"""Every host data key gpubox reads: name, type, default and a one-line doc, declared once.
+
+Inventory host data -> ``validate`` (all problems at once) -> ``HostConfig`` (typed, defaults
+and catalog values resolved). The stages and the host checks both read a ``HostConfig``, so
+deploy and verify can never disagree about what the box should be.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpubox import catalog, compat
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    type: type | tuple[type, ...]
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    # Default computed from the other (already typed) values when ``default`` is None.
+    derive: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None
+    # Turns an accepted value into the one the rest of gpubox sees.
+    normalize: Callable[[Any], Any] | None = None
+
+
+def _derive_driver_version(values: dict[str, Any], host_catalog: dict[str, Any]) -> str | None:
+    branch = host_catalog["driver"]["branches"].get(str(values.get("driver_branch")))
+    return branch["version"] if branch else None
+
+
+def _derive_kernel_modules(values: dict[str, Any], host_catalog: dict[str, Any]) -> str:
+    gpu = compat.GPU_MODELS.get(values.get("gpu_model", ""))
+    return compat.default_kernel_modules(gpu) if gpu else "proprietary"
+
+
+KEYS: tuple[Key, ...] = (
+    Key("gpu_model", str, "Tesla V100-SXM2-32GB", "GPU model as nvidia-smi names it"),
+    Key("gpu_count", int, 2, "how many GPUs of gpu_model the box has"),
+    Key("nvlink", bool, True, "the GPUs are joined by NVLink (verified: links up, topo NV#)"),
+    Key("driver_branch", (str, int), "570", "NVIDIA driver branch to pin", normalize=str),
+    Key(
+        "driver_version",
+        str,
+        None,
+        "exact driver version (default: the catalog's for the branch)",
+        derive=_derive_driver_version,
+    ),
+    Key(
+        "driver_kernel_modules",
+        str,
+        None,
+        "'proprietary' or 'open' (default: what the GPUs' compute capability needs)",
+        choices=compat.KERNEL_MODULE_FLAVOURS,
+        derive=_derive_kernel_modules,
+    ),
+    Key(
+        "driver_kernel_headers",
+        bool,
+        True,
+        "install linux-headers for the running kernel (DKMS builds the module against them)",
+    ),
+    Key("cuda_version", str, "12.8", "CUDA toolkit to install (toolkit only, never a driver)"),
+    Key(
+        "allow_reboot",
+        bool,
+        True,
+        "reboot when the installed driver differs from the loaded one (else stop and say so)",
+    ),
+    Key("reboot_timeout", int, 900, "seconds to wait for the box to come back after a reboot"),
+    Key("persistence_mode", bool, True, "run nvidia-persistenced with persistence mode on"),
+    Key(
+        "catalog_overrides",
+        dict,
+        {},
+        "catalog entries to replace for this host, by dotted path (mirrors, fingerprints)",
+    ),
+)
+KEYS_BY_NAME: dict[str, Key] = {key.name: key for key in KEYS}
+
+
+def _pyinfra_keys() -> set[str]:
+    """Host data keys that belong to pyinfra itself (connectors, global arguments)."""
+    from pyinfra.api.arguments import all_argument_meta
+    from pyinfra.api.connectors import get_all_connectors
+
+    keys = set(all_argument_meta)
+    for connector in get_all_connectors().values():
+        keys.update(getattr(connector, "data_meta", {}) or {})
+    return keys
+
+
+@dataclass(frozen=True)
+class Problem:
+    host: str
+    key: str
+    message: str
+    severity: str = "error"  # or "warning"
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.key}: {self.message}"
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid inventory ({len(problems)} problem(s)):\n{lines}")
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    host: str
+    values: dict[str, Any] = field(repr=False)
+    catalog: dict[str, Any] = field(repr=False)
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    # Derived facts, in one place.
+    @property
+    def gpu(self) -> compat.GpuModel:
+        return compat.GPU_MODELS[self.values["gpu_model"]]
+
+    @property
+    def branch(self) -> int:
+        return int(self.values["driver_branch"])
+
+    @property
+    def cuda(self) -> dict[str, Any]:
+        return dict(self.catalog["cuda"]["versions"][self.values["cuda_version"]])
+
+    def driver_packages(self, family: str) -> DriverPackages:
+        """The driver packages for an OS family, expanded from the catalog."""
+        driver = self.catalog["driver"]
+        branch, version = self.values["driver_branch"], self.values["driver_version"]
+        package_version = driver["branches"][branch]["package_version"][family]
+        if version != driver["branches"][branch]["version"]:
+            # An explicit driver_version: NVIDIA's version string keeps the catalog's suffix.
+            package_version = f"{version}-{package_version.split('-', 1)[1]}"
+        cuda_dash = self.values["cuda_version"].replace(".", "-")
+
+        def expand(names: list[str]) -> list[str]:
+            return [n.format(branch=branch, version=version, cuda_dash=cuda_dash) for n in names]
+
+        names = driver["packages"][family]
+        flavour = self.values["driver_kernel_modules"]
+        other = "open" if flavour == "proprietary" else "proprietary"
+        return DriverPackages(
+            installed=expand(names["common"] + names[flavour]),
+            package_version=package_version,
+            refused=expand(names[other]),
+            forbidden=expand(driver["forbidden_packages"]),
+        )
+
+
+@dataclass(frozen=True)
+class DriverPackages:
+    installed: list[str]  # installed as name=package_version, pinned, held
+    package_version: str
+    refused: list[str]  # the other kernel module flavour: pinned away and removed
+    forbidden: list[str]  # metas that drag in a driver of their own: removed
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the host's OS release means to gpubox."""
+
+    os_id: str
+    version_id: str
+    distro: str  # NVIDIA's repository name: ubuntu2404, debian12
+    family: str  # package naming: ubuntu (suffixed names) or debian (unsuffixed)
+
+    @property
+    def distro_origin(self) -> str:
+        """The Origin of the distribution's own archive (apt preferences' o=)."""
+        return "Ubuntu" if self.family == "ubuntu" else "Debian"
+
+
+def target_for(os_release: Mapping[str, str], host_catalog: dict[str, Any]) -> Target | None:
+    os_id = os_release.get("ID", "")
+    version_id = os_release.get("VERSION_ID", "")
+    entry = host_catalog["os"].get(f"{os_id}-{version_id}")
+    if entry is None:
+        return None
+    return Target(os_id, version_id, entry["distro"], entry["family"])
+
+
+def _type_name(typ: type | tuple[type, ...]) -> str:
+    if isinstance(typ, tuple):
+        return " or ".join(t.__name__ for t in typ)
+    return typ.__name__
+
+
+def _check_type(key: Key, value: Any) -> bool:
+    if isinstance(value, bool) and key.type is not bool:
+        return False
+    if key.type is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if key.type is str and isinstance(value, int | float) and not isinstance(value, bool):
+        return False
+    return isinstance(value, key.type)
+
+
+def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, list[Problem]]:
+    """Check one host's data; return its config (when valid) and every problem found."""
+    problems: list[Problem] = []
+    pyinfra_keys = _pyinfra_keys()
+    values: dict[str, Any] = {}
+
+    for name, value in data.items():
+        if name in pyinfra_keys or name.startswith("_"):
+            continue
+        key = KEYS_BY_NAME.get(name)
+        if key is None:
+            near = difflib.get_close_matches(name, list(KEYS_BY_NAME), n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            problems.append(Problem(host, name, f"unknown key{hint}"))
+            continue
+        if value is None:
+            continue
+        if not _check_type(key, value):
+            problems.append(
+                Problem(
+                    host,
+                    name,
+                    f"must be {_type_name(key.type)}, got {type(value).__name__} {value!r}",
+                )
+            )
+            continue
+        if key.choices and value not in key.choices:
+            choices = ", ".join(repr(c) for c in key.choices)
+            problems.append(Problem(host, name, f"must be one of {choices}, got {value!r}"))
+            continue
+        values[name] = key.normalize(value) if key.normalize else value
+
+    for key in KEYS:
+        if key.name not in values and key.derive is None:
+            values[key.name] = key.default
+
+    # The catalog, with this host's overrides.
+    try:
+        host_catalog = catalog.load(values["catalog_overrides"])
+    except catalog.CatalogError as exc:
+        near = difflib.get_close_matches(exc.path, catalog.leaf_paths(), n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        problems.append(Problem(host, "catalog_overrides", f"{exc}{hint}"))
+        host_catalog = catalog.load()
+
+    for key in KEYS:
+        if key.name not in values and key.derive is not None:
+            values[key.name] = key.derive(values, host_catalog)
+
+    branches = host_catalog["driver"]["branches"]
+    if values["driver_branch"] not in branches:
+        problems.append(
+            Problem(
+                host,
+                "driver_branch",
+                f"no catalog entry for branch {values['driver_branch']!r}; "
+                f"known: {', '.join(branches)}",
+            )
+        )
+    elif values["driver_version"] is None:
+        values["driver_version"] = branches[values["driver_branch"]]["version"]
+    if (
+        values["driver_branch"] in branches
+        and values["driver_version"]
+        and not str(values["driver_version"]).startswith(values["driver_branch"] + ".")
+    ):
+        problems.append(
+            Problem(
+                host,
+                "driver_version",
+                f"{values['driver_version']!r} is not a release of branch "
+                f"{values['driver_branch']}",
+            )
+        )
+    if values["cuda_version"] not in host_catalog["cuda"]["versions"]:
+        problems.append(
+            Problem(
+                host,
+                "cuda_version",
+                f"no catalog entry for CUDA {values['cuda_version']!r}; "
+                f"known: {', '.join(host_catalog['cuda']['versions'])}",
+            )
+        )
+    if values["gpu_count"] < 1 and "gpu_count" not in {p.key for p in problems}:
+        problems.append(
+            Problem(host, "gpu_count", f"must be at least 1, got {values['gpu_count']}")
+        )
+
+    try:
+        branch = int(values["driver_branch"])
+    except ValueError:
+        problems.append(
+            Problem(
+                host,
+                "driver_branch",
+                f"must be a branch number like '570', got {values['driver_branch']!r}",
+            )
+        )
+    else:
+        for name, message in compat.check(
+            values["gpu_model"], branch, values["driver_kernel_modules"], values["cuda_version"]
+        ):
+            if not any(p.key == name and p.message == message for p in problems):
+                problems.append(Problem(host, name, message))
+
+    errors = [p for p in problems if p.severity == "error"]
+    config = None if errors else HostConfig(host, values, host_catalog)
+    return config, problems
+
+
+def load_host_config(host: str, data: Mapping[str, Any]) -> HostConfig:
+    config, problems = validate(host, data)
+    if config is None:
+        raise ConfigError([p for p in problems if p.severity == "error"])
+    return config

@@ -1,0 +1,130 @@
+"""`make demo`: build (or reuse) the sandbox box, boot it, converge it with deploy/full.py,
+verify it with the host checks, and print a short summary.
+
+The helpers here (deploy, checks) are what the integration tests and the benchmark use too:
+pyinfra and pytest run exactly as a user types them, inside the sandbox's network namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = "inventories/sandbox.py"
+BIN = Path(sys.executable).parent
+
+
+def sandbox(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "gpubox"), "sandbox", *args], cwd=ROOT, check=check, text=True)
+
+
+def in_netns(argv: list[str]) -> list[str]:
+    """A host command run inside the sandbox's network namespace (where the box is)."""
+    return [str(BIN / "gpubox"), "sandbox", "exec", "--", *argv]
+
+
+@dataclass
+class DeployRun:
+    rc: int
+    seconds: float
+    operations: int = 0  # operations planned (all hosts)
+    changed: int = 0  # operations that changed something
+    errors: int = 0
+    failed_hosts: list[str] = field(default_factory=list)
+    changed_names: list[str] = field(default_factory=list)
+    output: str = ""
+
+    @property
+    def no_change(self) -> bool:
+        return self.rc == 0 and self.changed == 0 and self.errors == 0 and not self.failed_hosts
+
+
+def deploy(
+    deploy_file: str = "deploy/full.py", inventory: str = INVENTORY, extra: tuple[str, ...] = ()
+) -> DeployRun:
+    argv = in_netns([str(BIN / "pyinfra"), "-y", "--json", *extra, inventory, deploy_file])
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True)
+    run = DeployRun(proc.returncode, time.monotonic() - start, output=proc.stderr)
+    sys.stderr.write(proc.stderr)
+    try:
+        data = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        run.output += proc.stdout
+        return run
+    results = data.get("results", {})
+    for op in results.get("operations", []):
+        run.operations += 1
+        if op.get("success"):
+            run.changed += 1
+            run.changed_names.append(op.get("name", "?"))
+        run.errors += len(op.get("error", []))
+    run.failed_hosts = list(results.get("failed_hosts", []))
+    return run
+
+
+@dataclass
+class CheckRun:
+    rc: int
+    passed: int
+    failed: int
+    skipped: int
+    output: str
+
+
+def checks(inventory: str = INVENTORY, extra: tuple[str, ...] = ()) -> CheckRun:
+    argv = in_netns(
+        [
+            str(BIN / "pytest"),
+            "tests/host",
+            "--inventory",
+            inventory,
+            "-q",
+            "-rfE",
+            "-p",
+            "no:cacheprovider",
+            *extra,
+        ]
+    )
+    proc = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True)
+    out = proc.stdout + proc.stderr
+
+    def count(word: str) -> int:
+        found = re.findall(rf"(\d+) {word}", out.splitlines()[-1] if out.strip() else "")
+        return int(found[0]) if found else 0
+
+    return CheckRun(proc.returncode, count("passed"), count("failed"), count("skipped"), out)
+
+
+def main() -> int:
+    start = time.monotonic()
+    print("== gpubox demo: sandbox box up", flush=True)
+    sandbox("up")
+    print("== deploy/full.py against the sandbox box", flush=True)
+    run = deploy()
+    if run.rc != 0 or run.failed_hosts:
+        print(run.output[-3000:])
+        print(f"deploy failed (rc {run.rc}); the box is still up: gpubox sandbox ssh", flush=True)
+        return 1
+    print("== host checks (pytest tests/host --inventory inventories/sandbox.py)", flush=True)
+    result = checks()
+    print(result.output)
+    print("== summary")
+    print(
+        f"  deploy:  {run.operations} operations, {run.changed} changed, {run.seconds:.1f}s"
+        + ("  (converged: nothing to change)" if run.no_change else "")
+    )
+    print(f"  checks:  {result.passed} passed, {result.failed} failed, {result.skipped} skipped")
+    print(f"  total:   {time.monotonic() - start:.1f}s")
+    print("  look:    gpubox sandbox ssh -- nvidia-smi   |   stop it: make demo-down")
+    return 0 if result.rc == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""pyinfra facts about the GPU box. Each fact runs one read-only command and hands the text
+to a pure parser (gpubox.parsers), so the deploy, the host checks and the CLI read the host
+the same way. Every command exits 0: absence is data, not an error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pyinfra.api import FactBase
+
+from gpubox import parsers
+
+
+class OsRelease(FactBase[Mapping[str, str]]):
+    """/etc/os-release as a dict (ID, VERSION_ID, VERSION_CODENAME, ...)."""
+
+    def command(self) -> str:
+        return "cat /etc/os-release 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> Mapping[str, str]:
+        return parsers.parse_os_release("\n".join(output))
+
+
+class NvidiaPciDevices(FactBase[list[Any]]):
+    """NVIDIA devices on the PCI bus (lspci -Dnn; sysfs in lspci's format when it is absent)."""
+
+    def command(self) -> str:
+        return (
+            "if command -v lspci >/dev/null 2>&1; then lspci -Dnn -d 10de: ; else "
+            "for d in /sys/bus/pci/devices/*; do "
+            '[ "$(cat $d/vendor 2>/dev/null)" = 0x10de ] || continue; '
+            "c=$(cut -c3-6 $d/class); v=$(cut -c3- $d/vendor); i=$(cut -c3- $d/device); "
+            'echo "${d##*/} Class [$c]: NVIDIA Corporation Device [$v:$i]"; '
+            "done; fi 2>/dev/null || true"
+        )
+
+    @staticmethod
+    def default() -> list[Any]:
+        return []
+
+    def process(self, output: list[str]) -> list[Any]:
+        return parsers.parse_lspci("\n".join(output))
+
+
+class SecureBoot(FactBase[bool | None]):
+    """True/False when the firmware says, None on a host without EFI variables."""
+
+    def command(self) -> str:
+        var = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+        return (
+            "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
+            f"elif [ -r {var} ]; then "
+            f"if [ \"$(od -An -t u1 -j4 -N1 {var} | tr -d ' ')\" = 1 ]; "
+            "then echo 'SecureBoot enabled'; else echo 'SecureBoot disabled'; fi; "
+            "else echo 'EFI variables are not supported on this system'; fi || true"
+        )
+
+    def process(self, output: list[str]) -> bool | None:
+        return parsers.parse_secure_boot("\n".join(output))
+
+
+class UserId(FactBase[int]):
+    """The uid deploy commands run as (0 when root or through sudo)."""
+
+    def command(self) -> str:
+        return "id -u"
+
+    def process(self, output: list[str]) -> int:
+        return int(output[0].strip())
+
+
+class HeldPackages(FactBase[set[str]]):
+    def command(self) -> str:
+        return "apt-mark showhold 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> set[str]:
+        return set()
+
+    def process(self, output: list[str]) -> set[str]:
+        return parsers.parse_showhold("\n".join(output))
+
+
+class LoadedDriver(FactBase[str | None]):
+    """The NVIDIA kernel module's version, "mismatch" when nvidia-smi cannot tell it from a
+    different userspace, or None when no NVIDIA module is loaded."""
+
+    def command(self) -> str:
+        return (
+            "cat /sys/module/nvidia/version 2>/dev/null || "
+            "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n 3 || true"
+        )
+
+    def process(self, output: list[str]) -> str | None:
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        error = parsers.parse_smi_error(text)
+        if error == "version_mismatch":
+            return "mismatch"
+        if error is not None:
+            return None
+        first = text.splitlines()[0].strip()
+        return first if first[:1].isdigit() else None
+
+
+class KernelModuleLoaded(FactBase[bool]):
+    def command(self, module: str) -> str:
+        return f"test -d /sys/module/{module} && echo yes || echo no"
+
+    def process(self, output: list[str]) -> bool:
+        return output[-1].strip() == "yes"
+
+
+class KeyringFingerprints(FactBase[list[str]]):
+    """Fingerprints of the keys in an apt keyring file (binary or armored); [] if absent."""
+
+    def command(self, path: str) -> str:
+        return (
+            f"if [ -s {path} ]; then t=$(mktemp -d); "
+            f"gpg --homedir $t --batch --show-keys --with-colons {path} 2>/dev/null "
+            "| awk -F: '$1==\"fpr\"{print $10}'; rm -rf $t; fi; true"
+        )
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip().upper() for line in output if line.strip()]
+
+
+class AptComponentEnabled(FactBase[bool]):
+    """Whether an archive component (e.g. contrib) is enabled in any apt source."""
+
+    def command(self, component: str) -> str:
+        return (
+            "cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
+            "/etc/apt/sources.list.d/*.sources 2>/dev/null "
+            f"| grep -E '^[[:space:]]*(deb |Components:)' | grep -qw {component} "
+            "&& echo yes || echo no"
+        )
+
+    def process(self, output: list[str]) -> bool:
+        return output[-1].strip() == "yes"
+
+
+class RealPath(FactBase[str | None]):
+    def command(self, path: str) -> str:
+        return f"readlink -e {path} || true"
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0].strip() if output and output[0].strip() else None
+
+
+class BootId(FactBase[str]):
+    def command(self) -> str:
+        return "cat /proc/sys/kernel/random/boot_id"
+
+    def process(self, output: list[str]) -> str:
+        return output[0].strip()

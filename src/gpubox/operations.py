@@ -1,0 +1,140 @@
+"""pyinfra operations that upstream lacks. Like pyinfra's own, each reads the host only
+through facts and yields nothing (a noop) when the host is already as asked."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from gevent import sleep
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+
+from gpubox.facts import (
+    AptComponentEnabled,
+    BootId,
+    HeldPackages,
+    KeyringFingerprints,
+    RealPath,
+)
+
+
+@operation()
+def apt_keyring(url: str, dest: str, fingerprint: str):
+    """Install the key at ``url`` as an apt keyring at ``dest``, only if its fingerprint is the
+    one the catalog pins. Never apt-key: sources name the keyring with ``signed-by``."""
+    fingerprint = fingerprint.replace(" ", "").upper()
+    if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
+        host.noop(f"keyring {dest} holds {fingerprint}")
+        return
+    q = shlex.quote
+    yield StringCommand(
+        "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
+        f'curl -fsSL --retry 3 -o "$t/key" {q(url)}; '
+        "if grep -q -- '-----BEGIN PGP' \"$t/key\"; then "
+        'gpg --homedir "$t" --batch --dearmor -o "$t/key.gpg" "$t/key"; '
+        'else cp "$t/key" "$t/key.gpg"; fi; '
+        'got=$(gpg --homedir "$t" --batch --show-keys --with-colons "$t/key.gpg" '
+        "| awk -F: '$1==\"fpr\"{print $10}'); "
+        f'if ! echo "$got" | grep -qix {q(fingerprint)}; then '
+        f'echo "gpubox: key from {url} has fingerprint(s) $got, the catalog pins '
+        f'{fingerprint}; refusing it" >&2; exit 1; fi; '
+        f'install -m 0644 "$t/key.gpg" {q(dest)}'
+    )
+
+
+@operation()
+def apt_hold(packages: list[str]):
+    """apt-mark hold the packages (that are not held yet)."""
+    held = host.get_fact(HeldPackages)
+    missing = [name for name in packages if name not in held]
+    if not missing:
+        host.noop("packages already held")
+        return
+    yield "apt-mark hold " + " ".join(shlex.quote(name) for name in missing)
+
+
+@operation()
+def apt_enable_component(component: str):
+    """Enable an archive component (Debian's contrib) on every source line of the distro's
+    mirror, one-line and deb822 alike."""
+    if host.get_fact(AptComponentEnabled, component=component):
+        host.noop(f"{component} is enabled")
+        return
+    c = shlex.quote(component)
+    yield StringCommand(
+        'for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do [ -f "$f" ] && '
+        f"sed -i -E '/^deb(-src)? /{{/ {c}( |$)/!s/ main( |$)/ main {c}\\1/}}' \"$f\"; done; "
+        'for f in /etc/apt/sources.list.d/*.sources; do [ -f "$f" ] && '
+        f"sed -i -E '/^Components:/{{/ {c}( |$)/!s/ main( |$)/ main {c}\\1/}}' \"$f\"; done; true"
+    )
+
+
+@operation()
+def cuda_symlink(prefix: str, link: str = "/usr/local/cuda"):
+    """Point /usr/local/cuda at ``prefix`` (through update-alternatives when the toolkit
+    registered it, as NVIDIA's packages do)."""
+    if host.get_fact(RealPath, path=link) == prefix:
+        host.noop(f"{link} -> {prefix}")
+        return
+    p = shlex.quote(prefix)
+    yield (
+        f"if update-alternatives --list cuda 2>/dev/null | grep -qx {p}; then "
+        f"update-alternatives --set cuda {p}; else ln -sfn {p} {shlex.quote(link)}; fi"
+    )
+
+
+@operation(is_idempotent=False)
+def fail(message: str):
+    """Stop this host's deploy here with ``message`` (after the operations before it ran)."""
+
+    def _fail() -> None:
+        raise OperationError(message)
+
+    yield FunctionCommand(_fail, (), {})
+
+
+@operation(is_idempotent=False)
+def reboot_and_wait(reason: str, timeout: int = 900, interval: float = 2.0):
+    """Reboot and wait until the host is back with a new boot id.
+
+    pyinfra's server.reboot compares uptimes, which a container (the sandbox) shares with its
+    host; the kernel's boot id is new after every boot, containers included."""
+    before: list[str] = []
+
+    def _boot_id(state, host) -> None:
+        before.append(host.get_fact(BootId))
+
+    yield FunctionCommand(_boot_id, (), {})
+    logger.info(f"{host.name}: rebooting: {reason}")
+    yield StringCommand("( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
+
+    def _wait(state, host) -> None:
+        sleep(3)
+        host.disconnect()
+        start = time.monotonic()
+        last_note = start
+        while True:
+            waited = time.monotonic() - start
+            if waited > timeout:
+                raise OperationError(
+                    f"{host.name} did not come back within {timeout}s of the reboot "
+                    "(reboot_timeout); check its console"
+                )
+            host.connect(show_errors=False)
+            if host.connected:
+                status, output = host.run_shell_command(
+                    "cat /proc/sys/kernel/random/boot_id; systemctl is-system-running --wait",
+                    print_output=False,
+                )
+                lines = output.stdout_lines
+                if lines and lines[0].strip() not in before:
+                    logger.info(f"{host.name}: back after {waited:.0f}s ({lines[-1].strip()})")
+                    return
+                host.disconnect()
+            if time.monotonic() - last_note > 15:
+                logger.info(f"{host.name}: waiting for the reboot ({waited:.0f}s)")
+                last_note = time.monotonic()
+            sleep(interval)
+
+    yield FunctionCommand(_wait, (), {})

@@ -1,0 +1,140 @@
+"""Host preflight: read-only checks run before a stage changes anything.
+
+``evaluate`` is pure (config and fact values in, problems out) so every rule is unit-tested;
+``run`` gathers the facts with pyinfra and raises DeployRefused on any error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpubox import compat
+from gpubox.config import HostConfig, Problem, Target, target_for
+
+GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller
+
+
+def evaluate(
+    config: HostConfig,
+    os_release: Mapping[str, str],
+    pci_devices: list[Any],
+    secure_boot: bool | None,
+    uid: int,
+) -> list[Problem]:
+    name = config.host
+    problems: list[Problem] = []
+
+    if uid != 0:
+        problems.append(
+            Problem(
+                name,
+                "privileges",
+                f"commands run as uid {uid}: connect as root, or set _sudo=True in the host's data "
+                "(with passwordless sudo, or _sudo_password)",
+            )
+        )
+
+    if target_for(os_release, config.catalog) is None:
+        supported = ", ".join(k.replace("-", " ") for k in config.catalog["os"])
+        found = f"{os_release.get('ID', '?')} {os_release.get('VERSION_ID', '?')}"
+        problems.append(
+            Problem(name, "os", f"unsupported OS release {found}; supported: {supported}")
+        )
+
+    gpus = [d for d in pci_devices if d.vendor_id == "10de" and d.class_code in GPU_CLASSES]
+    wanted = config.gpu
+    matching = [d for d in gpus if f"{d.vendor_id}:{d.device_id}" in wanted.pci_ids]
+    if len(matching) != config.gpu_count:
+        found = ", ".join(f"{d.slot} {d.description}" for d in gpus) or "no NVIDIA GPU"
+        problems.append(
+            Problem(
+                name,
+                "gpu_count",
+                f"lspci shows {len(matching)} {wanted.name} (gpu_count is {config.gpu_count}); "
+                f"NVIDIA GPUs found: {found}",
+            )
+        )
+    for device in gpus:
+        if device in matching:
+            continue
+        pci_id = f"{device.vendor_id}:{device.device_id}"
+        known = compat.pci_id_architecture(pci_id)
+        if known is None:
+            problems.append(
+                Problem(
+                    name,
+                    "gpu_model",
+                    f"{device.slot} {device.description} [{pci_id}] is not in gpubox's table; "
+                    "it may or may not work with the pinned driver",
+                    severity="warning",
+                )
+            )
+        elif not compat.branch_supports(known[1], config.branch):
+            problems.append(
+                Problem(
+                    name,
+                    "gpu_model",
+                    f"{device.slot} {known[0]} ({known[1]}) is not supported by driver branch "
+                    f"{config.branch}: it will have no NVIDIA driver (fine for a display card on "
+                    "the firmware framebuffer; nouveau is blacklisted)",
+                    severity="warning",
+                )
+            )
+        else:
+            problems.append(
+                Problem(
+                    name,
+                    "gpu_model",
+                    f"{device.slot} {known[0]} is an NVIDIA GPU not declared in the inventory; "
+                    "the driver will drive it too",
+                    severity="warning",
+                )
+            )
+
+    if secure_boot:
+        problems.append(
+            Problem(
+                name,
+                "secure_boot",
+                "Secure Boot is enabled and the driver's kernel module is built by DKMS, unsigned: "
+                "it would not load. Either disable Secure Boot in the firmware setup, or enroll "
+                "the DKMS signing key (Ubuntu: update-secureboot-policy --enroll-key; Debian: "
+                "mokutil --import /var/lib/dkms/mok.pub) and confirm it at the next boot",
+            )
+        )
+    return problems
+
+
+def gather(config: HostConfig) -> list[Problem]:
+    from pyinfra import host
+
+    from gpubox.facts import NvidiaPciDevices, OsRelease, SecureBoot, UserId
+
+    return evaluate(
+        config,
+        host.get_fact(OsRelease),
+        host.get_fact(NvidiaPciDevices),
+        host.get_fact(SecureBoot),
+        host.get_fact(UserId),
+    )
+
+
+def run(config: HostConfig) -> Target:
+    """Preflight the current host: log warnings, raise on errors, return its target."""
+    from pyinfra import host, logger
+
+    from gpubox.facts import OsRelease
+    from gpubox.stages import DeployRefused
+
+    problems = gather(config)
+    for problem in problems:
+        if problem.severity == "warning":
+            logger.warning(f"preflight warning: {problem}")
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        lines = "\n".join(f"  - {p}" for p in errors)
+        raise DeployRefused(f"preflight failed, nothing was changed:\n{lines}")
+    target = target_for(host.get_fact(OsRelease), config.catalog)
+    assert target is not None
+    return target

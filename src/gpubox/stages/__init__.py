@@ -1,0 +1,62 @@
+"""The stages: one module per stage, each exposing one @deploy function.
+
+``current_config()`` validates the whole inventory once per run (every problem at once) and
+returns the current host's typed config; it raises before any operation is added, so a
+refused run changes nothing on any host.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from pyinfra import host, inventory
+from pyinfra.api.exceptions import PyinfraError
+
+from gpubox.config import HostConfig, Problem, Target, target_for, validate
+
+__all__ = ["Target", "target_for"]
+
+ROOT = Path(__file__).resolve().parents[3]
+TEMPLATES = ROOT / "templates"
+FILES = ROOT / "files"
+
+
+class DeployRefused(PyinfraError):
+    """Raised before any operation is added: the inventory or the host is not fit."""
+
+
+def current_config() -> HostConfig:
+    """Validate every host of the inventory (cheap, pure) and return this host's config."""
+    configs: dict[str, HostConfig] = {}
+    errors: list[Problem] = []
+    for each in inventory:
+        config, problems = validate(each.name, each.data.dict())
+        errors.extend(p for p in problems if p.severity == "error")
+        if config is not None:
+            configs[each.name] = config
+    if errors:
+        lines = "\n".join(f"  - {p}" for p in errors)
+        raise DeployRefused(
+            f"invalid inventory, nothing was changed ({len(errors)} problem(s)):\n{lines}"
+        )
+    return configs[host.name]
+
+
+_jinja = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def render(template: str, **values: Any) -> str:
+    return _jinja.get_template(template).render(**values)
+
+
+def as_file(text: str) -> io.StringIO:
+    return io.StringIO(text)

@@ -1,0 +1,104 @@
+"""Stage: the CUDA toolkit (toolkit only: never `cuda`, `cuda-X-Y` or `cuda-drivers`, which
+carry a driver of their own), on PATH for login shells, in the linker path, and
+/usr/local/cuda pointing at it. Facts: shared/reference/nvidia-stack.md §2."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, files, server
+
+from gpubox import operations, preflight
+from gpubox.config import HostConfig
+from gpubox.stages import Target, as_file, current_config, render
+from gpubox.stages.nvidia_repo import nvidia_repo
+
+PROFILE_FILE = "/etc/profile.d/gpubox-cuda.sh"
+LD_FILE = "/etc/ld.so.conf.d/gpubox-cuda.conf"
+
+# What a toolkit install must never pull in (checked with apt-get -s before installing).
+DRIVER_PACKAGE = re.compile(
+    r"^(cuda-drivers.*|cuda-runtime-.*|cuda-\d+-\d+|cuda|nvidia-driver.*|nvidia-kernel-.*"
+    r"|nvidia-dkms-.*|nvidia-open.*|libnvidia-compute-.*|libcuda1)$"
+)
+
+
+@dataclass(frozen=True)
+class CudaPlan:
+    package: str
+    package_version: str
+    prefix: str
+    profile: str
+    ld_conf: str
+
+
+def plan(config: HostConfig, target: Target) -> CudaPlan:
+    cuda = config.cuda
+    return CudaPlan(
+        package=cuda["package"],
+        package_version=cuda["package_version"],
+        prefix=cuda["prefix"],
+        profile=render("cuda-profile.sh.j2", version=config.cuda_version, prefix=cuda["prefix"]),
+        ld_conf=render("cuda-ld.conf.j2", version=config.cuda_version, prefix=cuda["prefix"]),
+    )
+
+
+def guard_command(package: str) -> str:
+    """Refuse (exit 1) when installing ``package`` would install a driver package."""
+    regex = DRIVER_PACKAGE.pattern.replace("^(", "^Inst (").replace(")$", ") ")
+    return (
+        f"out=$(apt-get -s install --no-install-recommends {shlex.quote(package)}) || "
+        '{ echo "$out" >&2; exit 1; }; '
+        f"bad=$(echo \"$out\" | grep -E {shlex.quote(regex)} | cut -d' ' -f2); "
+        'if [ -n "$bad" ]; then echo "gpubox: installing '
+        f'{package} would install driver packages: $bad; refusing" >&2; exit 1; fi'
+    )
+
+
+@deploy("CUDA toolkit")
+def cuda() -> None:
+    config = current_config()
+    target = preflight.run(config)
+    p = plan(config, target)
+    nvidia_repo(config, target)
+
+    installed = host.get_fact(DebPackages).get(p.package)
+    if not installed or p.package_version not in _versions(installed):
+        server.shell(
+            name=f"Check that {p.package} pulls no driver",
+            commands=[guard_command(f"{p.package}={p.package_version}")],
+        )
+    apt.packages(
+        name=f"Install {p.package} (toolkit only, no driver)",
+        packages=[f"{p.package}={p.package_version}"],
+        no_recommends=True,
+        allow_downgrades=True,
+    )
+    files.put(
+        name=f"CUDA {config.cuda_version} on PATH for login shells",
+        src=as_file(p.profile),
+        dest=PROFILE_FILE,
+        mode="0644",
+    )
+    ld = files.put(
+        name=f"CUDA {config.cuda_version} libraries in the linker path",
+        src=as_file(p.ld_conf),
+        dest=LD_FILE,
+        mode="0644",
+    )
+    server.shell(name="ldconfig", commands=["ldconfig"], _if=ld.did_change)
+    operations.cuda_symlink(name=f"/usr/local/cuda -> {p.prefix}", prefix=p.prefix)
+
+
+def _versions(installed: object) -> set[str]:
+    if isinstance(installed, set | list | tuple):
+        return {str(v) for v in installed}
+    version = getattr(installed, "version", None) or getattr(installed, "versions", None)
+    if isinstance(version, set | list | tuple):
+        return {str(v) for v in version}
+    return {str(version)} if version else set()

@@ -1,0 +1,169 @@
+"""Stage: the NVIDIA driver at the catalog's exact version, from NVIDIA's CUDA repository.
+
+Pinned (apt preferences), held, kept out of unattended-upgrades, proprietary or open kernel
+modules as the GPUs need, nouveau blacklisted, persistence mode on, and a reboot only when
+the loaded driver is not the installed one. Facts: shared/reference/nvidia-stack.md §0-§1, §7.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.server import KernelVersion
+from pyinfra.operations import apt, files, server, systemd
+
+from gpubox import operations, preflight
+from gpubox.config import DriverPackages, HostConfig
+from gpubox.facts import KernelModuleLoaded, LoadedDriver
+from gpubox.stages import FILES, Target, as_file, current_config, render
+from gpubox.stages.nvidia_repo import nvidia_repo
+
+PIN_FILE = "/etc/apt/preferences.d/90-gpubox-nvidia-driver"
+UNATTENDED_FILE = "/etc/apt/apt.conf.d/51gpubox-nvidia-driver"
+NOUVEAU_FILE = "/etc/modprobe.d/gpubox-blacklist-nouveau.conf"
+PERSISTENCED_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/gpubox.conf"
+PERSISTENCED_WANTED = "/etc/systemd/system/multi-user.target.d/gpubox-nvidia-persistenced.conf"
+
+
+@dataclass(frozen=True)
+class DriverPlan:
+    packages: DriverPackages
+    distro_patterns: list[str]
+    pin: str
+    unattended: str
+
+
+def plan(config: HostConfig, target: Target) -> DriverPlan:
+    """What the driver stage installs, pins and refuses on this target (pure)."""
+    packages = config.driver_packages(target.family)
+    patterns = list(config.catalog["driver"]["distro_block_patterns"])
+    pin = render(
+        "apt-pin-nvidia-driver.j2",
+        version=config.driver_version,
+        package_version=packages.package_version,
+        packages=packages.installed,
+        refused=packages.refused,
+        flavour=config.driver_kernel_modules,
+        distro_patterns=patterns,
+        distro_origin=target.distro_origin,
+    )
+    unattended = render(
+        "unattended-upgrades-blacklist.j2", packages=packages.installed + packages.refused
+    )
+    return DriverPlan(packages, patterns, pin, unattended)
+
+
+@deploy("NVIDIA driver")
+def driver() -> None:
+    config = current_config()
+    target = preflight.run(config)
+    p = plan(config, target)
+    pkgs = p.packages
+
+    pin = files.put(
+        name="Pin the NVIDIA driver to one exact version",
+        src=as_file(p.pin),
+        dest=PIN_FILE,
+        mode="0644",
+    )
+    files.put(
+        name="Keep unattended-upgrades off the pinned driver",
+        src=as_file(p.unattended),
+        dest=UNATTENDED_FILE,
+        mode="0644",
+    )
+    nvidia_repo(config, target, also_changed=[pin])
+
+    if config.driver_kernel_headers:
+        apt.packages(
+            name="Install the kernel headers DKMS builds against",
+            packages=[f"linux-headers-{host.get_fact(KernelVersion)}"],
+            no_recommends=True,
+        )
+    apt.packages(
+        name="Remove packages that would pull another driver or module flavour",
+        packages=pkgs.forbidden + pkgs.refused,
+        present=False,
+    )
+    apt.packages(
+        name=f"Install NVIDIA driver {config.driver_version} ({config.driver_kernel_modules})",
+        packages=[f"{name}={pkgs.package_version}" for name in pkgs.installed],
+        allow_downgrades=True,
+        no_recommends=True,
+        extra_install_args="--allow-change-held-packages",
+    )
+    operations.apt_hold(name="Hold the driver packages", packages=pkgs.installed)
+
+    nouveau = files.put(
+        name="Blacklist nouveau",
+        src=str(FILES / "blacklist-nouveau.conf"),
+        dest=NOUVEAU_FILE,
+        mode="0644",
+    )
+    server.shell(
+        name="Rebuild the initramfs without nouveau",
+        commands=["update-initramfs -u"],
+        _if=nouveau.did_change,
+    )
+
+    dropin = files.put(
+        name="nvidia-persistenced: persistence mode "
+        + ("on" if config.persistence_mode else "off"),
+        src=as_file(
+            render("nvidia-persistenced.conf.j2", persistence_mode=config.persistence_mode)
+        ),
+        dest=PERSISTENCED_DROPIN,
+        mode="0644",
+    )
+    wanted = files.put(
+        name="Start nvidia-persistenced at boot",
+        src=as_file(render("nvidia-persistenced-wanted.conf.j2")),
+        dest=PERSISTENCED_WANTED,
+        mode="0644",
+    )
+    systemd.daemon_reload(
+        name="Reload systemd units", _if=lambda: dropin.did_change() or wanted.did_change()
+    )
+
+    loaded = host.get_fact(LoadedDriver)
+    nouveau_loaded = host.get_fact(KernelModuleLoaded, module="nouveau")
+    if loaded != config.driver_version or nouveau_loaded:
+        reason = (
+            "nouveau is loaded"
+            if nouveau_loaded
+            else f"driver {config.driver_version} installed, "
+            + (
+                f"{loaded} loaded"
+                if loaded and loaded != "mismatch"
+                else "a different driver loaded"
+                if loaded == "mismatch"
+                else "no NVIDIA module loaded"
+            )
+        )
+        if config.allow_reboot:
+            operations.reboot_and_wait(
+                name=f"Reboot to load the driver ({reason})",
+                reason=reason,
+                timeout=config.reboot_timeout,
+            )
+        else:
+            operations.fail(
+                name="Stop: a reboot is needed",
+                message=f"{host.name}: a reboot is needed ({reason}) and allow_reboot is false: "
+                "reboot the box, then run the deploy again",
+            )
+
+    systemd.service(
+        name="nvidia-persistenced running",
+        service="nvidia-persistenced",
+        running=True,
+        restarted=False,
+    )
+    systemd.service(
+        name="Restart nvidia-persistenced with its new settings",
+        service="nvidia-persistenced",
+        restarted=True,
+        _if=dropin.did_change,
+    )

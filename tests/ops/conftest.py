@@ -1,0 +1,118 @@
+"""Stage plans against fake facts: pyinfra's @fake connector answers each fact command with a
+canned output (facts in), and the operations' commands are collected without executing
+anything (commands out). This is the Ubuntu 24.04 path's coverage: the sandbox runs Debian."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+FACTS = Path(__file__).parent / "facts"
+
+V100_LSPCI = [
+    "0000:01:00.0 VGA compatible controller [0300]: NVIDIA Corporation GK208B [GeForce GT 710]"
+    " [10de:128b] (rev a1)",
+    "0000:01:00.1 Audio device [0403]: NVIDIA Corporation GK208 HDMI/DP Audio Controller"
+    " [10de:0e0f] (rev a1)",
+    "0000:05:00.0 3D controller [0302]: NVIDIA Corporation GV100GL [Tesla V100 SXM2 32GB]"
+    " [10de:1db5] (rev a1)",
+    "0000:06:00.0 3D controller [0302]: NVIDIA Corporation GV100GL [Tesla V100 SXM2 32GB]"
+    " [10de:1db5] (rev a1)",
+]
+
+REFERENCE = {
+    "gpu_model": "Tesla V100-SXM2-32GB",
+    "gpu_count": 2,
+    "nvlink": True,
+    "driver_branch": "570",
+    "cuda_version": "12.8",
+}
+
+
+def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
+    """Fact answers of a freshly installed box of ``os_name`` (ubuntu2404, debian12, ...)."""
+    answers: dict[object, object] = {
+        "cat /etc/os-release": (FACTS / f"os-release-{os_name}").read_text().splitlines(),
+        "lspci -Dnn -d 10de:": V100_LSPCI,
+        "mokutil --sb-state": "SecureBoot disabled",
+        "id -u": "0",
+        "uname -r": "6.8.0-88-generic",
+        "apt-mark showhold": [],
+        "cat /sys/module/nvidia/version": {
+            "stdout": [
+                "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                "Make sure that the latest NVIDIA driver is installed and running."
+            ]
+        },
+        "test -d /sys/module/nouveau": "no",
+        "grep -qw contrib": "no",
+    }
+    answers.update(overrides)
+    return answers
+
+
+@dataclass
+class Plan:
+    ops: list[tuple[str, list[str]]]
+
+    @property
+    def commands(self) -> list[str]:
+        return [c for _, cmds in self.ops for c in cmds]
+
+    def op(self, pattern: str) -> list[str]:
+        """The commands of the one operation whose name matches ``pattern``."""
+        found = [cmds for name, cmds in self.ops if re.search(pattern, name)]
+        assert len(found) == 1, f"{len(found)} operations match {pattern!r}: {self.names}"
+        return found[0]
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.ops]
+
+    def installs(self) -> list[str]:
+        """Every package argument of every `apt-get install` command, in order."""
+        out: list[str] = []
+        for command in self.commands:
+            if " install " in command and "apt-get" in command and " -s " not in command:
+                out += [
+                    w for w in command.split(" install ", 1)[1].split() if not w.startswith("-")
+                ]
+        return out
+
+
+def make_plan(stage, data: dict[str, object], answers: dict[object, object]) -> Plan:
+    inventory = Inventory(
+        (
+            [
+                (
+                    "@fake/box",
+                    {**data, "fake_responses": answers, "fake_delay": 0, "fake_delay_jitter": 0},
+                )
+            ],
+            {},
+        )
+    )
+    state = State(inventory, Config())
+    connect_all(state)
+    (host,) = list(inventory)
+    with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
+        stage()
+    ops: list[tuple[str, list[str]]] = []
+    for op_hash in state.get_op_order():
+        meta = state.op_meta[op_hash]
+        with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
+            data_for_host = state.get_op_data_for_host(host, op_hash)
+            commands = [str(c) for c in data_for_host.command_generator()]
+        ops.append((", ".join(sorted(meta.names)), commands))
+    return Plan(ops)
+
+
+@pytest.fixture
+def plan_of():
+    return make_plan

@@ -1,0 +1,221 @@
+"""The driver stage's plan on Ubuntu 24.04 and Debian 12: packages, versions, pins, repos."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import REFERENCE, fresh_box
+
+from gpubox.config import load_host_config, target_for
+from gpubox.stages import DeployRefused
+from gpubox.stages import driver as driver_stage
+
+UBUNTU_570 = [
+    "libnvidia-compute-570",
+    "libnvidia-cfg1-570",
+    "nvidia-utils-570",
+    "nvidia-compute-utils-570",
+    "nvidia-kernel-common-570",
+    "nvidia-firmware-570-570.211.01",
+    "nvidia-dkms-570",
+    "nvidia-kernel-source-570",
+]
+DEBIAN_570 = [
+    "nvidia-driver-cuda",
+    "nvidia-smi",
+    "nvidia-persistenced",
+    "libcuda1",
+    "libnvidia-ml1",
+    "libnvidia-cfg1",
+    "libnvidia-ptxjitcompiler1",
+    "nvidia-kernel-support",
+    "nvidia-modprobe",
+    "nvidia-alternative",
+    "firmware-nvidia-gsp",
+    "nvidia-kernel-dkms",
+]
+
+
+def test_ubuntu_installs_nvidias_exact_570_with_proprietary_modules(plan_of):
+    plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
+    installed = plan.installs()
+    assert sorted(installed) == sorted(
+        ["linux-headers-6.8.0-88-generic"] + [f"{n}=570.211.01-0ubuntu1" for n in UBUNTU_570]
+    )
+    assert not [p for p in installed if "open" in p or p.startswith(("cuda", "nvidia-driver-5"))]
+    command = plan.op(r"Install NVIDIA driver")[0]
+    assert "--allow-downgrades" in command and "--allow-change-held-packages" in command
+    assert plan.op("Hold the driver packages") == ["apt-mark hold " + " ".join(UBUNTU_570)]
+
+
+def test_ubuntu_repository_is_nvidias_ubuntu2404_with_a_pinned_key(plan_of):
+    plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
+    key = plan.op("NVIDIA repository key")[0]
+    assert (
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"
+        "cuda-archive-keyring.gpg" in key
+    )
+    assert "EB693B3035CD5710E231E123A4B469963BF863CC" in key
+    assert "apt-key" not in " ".join(plan.commands)
+    assert not [n for n in plan.names if "contrib" in n]  # Debian only
+    assert plan.op(r"apt update") == [] or plan.op(r"apt update")  # conditional on changes
+    config = load_host_config("box", REFERENCE)
+    from gpubox.stages.nvidia_repo import source_line
+
+    target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
+    assert source_line(config, target) == (
+        "deb [signed-by=/usr/share/keyrings/gpubox-nvidia-cuda.gpg] "
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/ /\n"
+    )
+
+
+def test_ubuntu_pin_is_exact_and_refuses_the_archives_stubs_and_open_modules():
+    config = load_host_config("box", REFERENCE)
+    target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
+    pin = driver_stage.plan(config, target).pin
+    stanzas = [s for s in pin.split("\n\n") if "Package:" in s]
+    fields = [dict(re.findall(r"^(Package|Pin|Pin-Priority): (.*)$", s, re.M)) for s in stanzas]
+    assert fields[0]["Pin"] == "version 570.211.01-0ubuntu1"
+    assert fields[0]["Pin-Priority"] == "1001"
+    assert fields[0]["Package"].split() == UBUNTU_570
+    assert (fields[1]["Pin"], fields[1]["Pin-Priority"]) == ("version *", "-1")
+    assert fields[2]["Package"].split() == ["nvidia-dkms-570-open", "nvidia-kernel-source-570-open"]
+    assert fields[2]["Pin-Priority"] == "-1"
+    assert fields[3]["Pin"] == "release o=Ubuntu" and fields[3]["Pin-Priority"] == "-1"
+    assert "nvidia-*" in fields[3]["Package"].split()
+
+
+def test_unattended_upgrades_blacklist_names_every_driver_package():
+    config = load_host_config("box", REFERENCE)
+    target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
+    text = driver_stage.plan(config, target).unattended
+    patterns = re.findall(r'^\s+"(.*)";$', text, re.M)
+    for name in UBUNTU_570:
+        assert any(re.match(p, name) for p in patterns), name
+    assert not any(re.match(p, "nvidia-container-toolkit") for p in patterns)
+
+
+def test_debian_uses_unsuffixed_names_contrib_and_the_debian12_repository(plan_of):
+    plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("debian12"))
+    assert sorted(plan.installs()) == sorted(
+        ["linux-headers-6.8.0-88-generic"] + [f"{n}=570.211.01-1" for n in DEBIAN_570]
+    )
+    assert plan.op("contrib")  # enabled because the box's sources lack it
+    assert "/repos/debian12/x86_64/" in plan.op("NVIDIA repository key")[0]
+    config = load_host_config("box", REFERENCE)
+    target = target_for({"ID": "debian", "VERSION_ID": "12"}, config.catalog)
+    pin = driver_stage.plan(config, target).pin
+    assert "Pin: version 570.211.01-1\nPin-Priority: 1001" in pin
+    assert "Pin: release o=Debian\nPin-Priority: -1" in pin
+    assert "nvidia-kernel-open-dkms\nPin: version *\nPin-Priority: -1" in pin
+
+
+def test_contrib_already_enabled_is_left_alone(plan_of):
+    plan = plan_of(
+        driver_stage.driver, REFERENCE, fresh_box("debian12", **{"grep -qw contrib": "yes"})
+    )
+    assert plan.op("contrib") == []
+
+
+def test_drivers_metas_and_the_open_flavour_are_removed_never_installed(plan_of):
+    dpkg = [
+        "ii  cuda-drivers  580.105.08-1  amd64  meta",
+        "ii  nvidia-kernel-open-dkms  580.105.08-1  amd64  open",
+    ]
+    plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("debian12", **{"dpkg -l": dpkg}))
+    (remove,) = plan.op("Remove packages")
+    assert re.search(r" remove cuda-drivers nvidia-kernel-open-dkms$", remove)
+
+
+def test_reboot_when_no_driver_is_loaded_and_none_when_it_is(plan_of):
+    fresh = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
+    assert [n for n in fresh.names if "Reboot to load the driver" in n]
+    loaded = plan_of(
+        driver_stage.driver,
+        REFERENCE,
+        fresh_box("ubuntu2404", **{"cat /sys/module/nvidia/version": "570.211.01"}),
+    )
+    assert not [n for n in loaded.names if "Reboot" in n or "reboot is needed" in n]
+
+
+def test_reboot_when_nouveau_is_loaded(plan_of):
+    plan = plan_of(
+        driver_stage.driver,
+        REFERENCE,
+        fresh_box(
+            "ubuntu2404",
+            **{
+                "cat /sys/module/nvidia/version": "570.211.01",
+                "test -d /sys/module/nouveau": "yes",
+            },
+        ),
+    )
+    assert [n for n in plan.names if "nouveau is loaded" in n]
+
+
+def test_no_reboot_allowed_stops_with_a_message(plan_of):
+    plan = plan_of(
+        driver_stage.driver,
+        {**REFERENCE, "allow_reboot": False},
+        fresh_box("ubuntu2404", **{"cat /sys/module/nvidia/version": "580.105.08"}),
+    )
+    assert not [n for n in plan.names if "Reboot to load" in n]
+    assert [n for n in plan.names if "a reboot is needed" in n]
+
+
+def test_persistence_dropin_and_initramfs(plan_of):
+    plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
+    assert plan.op("Rebuild the initramfs") == ["update-initramfs -u"]
+    assert plan.op("nvidia-persistenced running") == ["systemctl start nvidia-persistenced.service"]
+    from gpubox.stages import render
+
+    dropin = render("nvidia-persistenced.conf.j2", persistence_mode=True)
+    assert (
+        "ExecStart=\nExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced "
+        "--persistence-mode --verbose\n" in dropin
+    )
+
+
+def test_kernel_headers_can_be_left_out(plan_of):
+    plan = plan_of(
+        driver_stage.driver, {**REFERENCE, "driver_kernel_headers": False}, fresh_box("ubuntu2404")
+    )
+    assert not [p for p in plan.installs() if p.startswith("linux-headers")]
+
+
+# Refusals: nothing is planned, the error names the host and the problem.
+
+
+def refused(plan_of, data, answers) -> str:
+    with pytest.raises(DeployRefused) as err:
+        plan_of(driver_stage.driver, data, answers)
+    return str(err.value)
+
+
+def test_invalid_inventory_is_refused_before_anything(plan_of):
+    text = refused(plan_of, {**REFERENCE, "driver_brach": "570"}, fresh_box("ubuntu2404"))
+    assert "@fake/box: driver_brach: unknown key; did you mean 'driver_branch'?" in text
+
+
+def test_unsupported_os_release_is_refused(plan_of):
+    text = refused(plan_of, REFERENCE, fresh_box("ubuntu2204"))
+    assert "@fake/box: os: unsupported OS release ubuntu 22.04" in text
+
+
+def test_gpus_on_the_bus_must_match_the_inventory(plan_of):
+    text = refused(plan_of, {**REFERENCE, "gpu_count": 4}, fresh_box("ubuntu2404"))
+    assert "@fake/box: gpu_count: lspci shows 2 Tesla V100-SXM2-32GB (gpu_count is 4)" in text
+
+
+def test_secure_boot_with_dkms_names_both_ways_out(plan_of):
+    text = refused(
+        plan_of, REFERENCE, fresh_box("ubuntu2404", **{"mokutil --sb-state": "SecureBoot enabled"})
+    )
+    assert "@fake/box: secure_boot:" in text
+    assert "disable Secure Boot" in text and "enroll" in text
+
+
+def test_not_root_and_no_sudo_is_refused(plan_of):
+    text = refused(plan_of, REFERENCE, fresh_box("ubuntu2404", **{"id -u": "1000"}))
+    assert "@fake/box: privileges: commands run as uid 1000" in text
