@@ -1,0 +1,257 @@
+"""The hardware state the sandbox's stand-in nvidia-smi and lspci report (gpubox sandbox only;
+the stand-ins are never shipped to a real box). See STATE.md for the file and its format.
+
+The state describes the reference box: two Tesla V100-SXM2-32GB joined by two NVLink links
+behind a PLX PEX 8749 switch, a GeForce GT 710 display card, and the host's own PCI devices.
+Faults are planted by editing the state (set_gpu_present, set_link_active, ...) and saving it
+into the box; the stand-ins read it on every call, so a change shows at once."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+
+# Where the stand-ins look, inside the box (each can be moved by an environment variable,
+# which the unit tests use).
+STATE_PATH = Path("/var/lib/gpubox-standin/state.json")
+STATE_ENV = "GPUBOX_STANDIN_STATE"
+RUN_DIR = Path("/run/gpubox-standin")
+RUN_ENV = "GPUBOX_STANDIN_RUN"
+# Written at boot by the stand-in module unit: the version of the "loaded" kernel module.
+LOADED_DRIVER_FILE = "loaded-driver"
+# Present while the stand-in nvidia-persistenced runs with persistence mode on.
+PERSISTENCE_FILE = "persistence"
+
+State = dict[str, Any]
+
+
+def _gpu(
+    bus_id: str,
+    uuid: str,
+    temperature_c: int,
+    power_draw_w: float,
+) -> dict[str, Any]:
+    return {
+        "name": "Tesla V100-SXM2-32GB",
+        "uuid": uuid,
+        "bus_id": bus_id,
+        "present": True,
+        "driver_bound": True,
+        "pci": {
+            "class_name": "3D controller",
+            "class_code": "0302",
+            "description": "NVIDIA Corporation GV100GL [Tesla V100 SXM2 32GB]",
+            "vendor_id": "10de",
+            "device_id": "1db5",
+            "revision": "a1",
+        },
+        "memory_total_mib": 32768,
+        "memory_used_mib": 0,
+        "temperature_c": temperature_c,
+        "perf": "P0",
+        "power_draw_w": power_draw_w,
+        "power_cap_w": 300,
+        "compute_cap": "7.0",
+        "pcie_gen": 3,
+        "pcie_width": 16,
+        "ecc": "Enabled",
+        "nvlink_ports": 6,
+    }
+
+
+# PCI devices other than the GPUs: (slot, class name, class code, description, vendor id,
+# device id, revision), as lspci 3.9.0 names them with Debian 12's pci.ids.
+_PLX = (
+    "PLX Technology, Inc. PEX 8749 48-Lane, 18-Port PCI Express Gen 3 (8.0 GT/s) Multi-Root "
+    "Switch with DMA"
+)
+_HOST_BRIDGE = (
+    "Intel Corporation 8th/9th Gen Core 8-core Desktop Processor Host Bridge/DRAM Registers "
+    "[Coffee Lake S]"
+)
+_PCI_DEVICES = [
+    ("0000:00:00.0", "Host bridge", "0600", _HOST_BRIDGE, "8086", "3e30", "0d"),
+    (
+        "0000:00:01.0",
+        "PCI bridge",
+        "0604",
+        "Intel Corporation 6th-10th Gen Core Processor PCIe Controller (x16)",
+        "8086",
+        "1901",
+        "0d",
+    ),
+    (
+        "0000:00:14.0",
+        "USB controller",
+        "0c03",
+        "Intel Corporation Cannon Lake PCH USB 3.1 xHCI Host Controller",
+        "8086",
+        "a36d",
+        "10",
+    ),
+    (
+        "0000:00:17.0",
+        "SATA controller",
+        "0106",
+        "Intel Corporation Cannon Lake PCH SATA AHCI Controller",
+        "8086",
+        "a352",
+        "10",
+    ),
+    (
+        "0000:00:1c.0",
+        "PCI bridge",
+        "0604",
+        "Intel Corporation Cannon Lake PCH PCI Express Root Port #1",
+        "8086",
+        "a338",
+        "f0",
+    ),
+    (
+        "0000:00:1f.6",
+        "Ethernet controller",
+        "0200",
+        "Intel Corporation Ethernet Connection (7) I219-V",
+        "8086",
+        "15bc",
+        "10",
+    ),
+    ("0000:01:00.0", "PCI bridge", "0604", _PLX, "10b5", "8749", "ca"),
+    ("0000:02:08.0", "PCI bridge", "0604", _PLX, "10b5", "8749", "ca"),
+    ("0000:02:10.0", "PCI bridge", "0604", _PLX, "10b5", "8749", "ca"),
+    # The display card: Kepler, which the R570/R580 drivers do not support, so nvidia-smi
+    # never lists it.
+    (
+        "0000:09:00.0",
+        "VGA compatible controller",
+        "0300",
+        "NVIDIA Corporation GK208B [GeForce GT 710]",
+        "10de",
+        "128b",
+        "a1",
+    ),
+    (
+        "0000:09:00.1",
+        "Audio device",
+        "0403",
+        "NVIDIA Corporation GK208 HDMI/DP Audio Controller",
+        "10de",
+        "0e0f",
+        "a1",
+    ),
+]
+_PCI_KEYS = (
+    "slot",
+    "class_name",
+    "class_code",
+    "description",
+    "vendor_id",
+    "device_id",
+    "revision",
+)
+
+
+def default_state() -> State:
+    """The reference box. Every value comes from a real capture (tests/fixtures/SOURCES.md):
+    GPU bus ids 07:00.0/08:00.0 and the 2-link NVLink pair of a real dual V100-SXM2 box,
+    UUIDs of a real 2x V100-SXM2-32GB `nvidia-smi -L`, idle readings of real V100-SXM2-32GB
+    tables, PCI names as real lspci 3.9.0 prints them with Debian 12's pci.ids."""
+    return {
+        "format": FORMAT,
+        "gpus": [
+            _gpu("00000000:07:00.0", "GPU-dae76d0e-3414-958a-8f3e-fc6682b36f31", 32, 41.0),
+            _gpu("00000000:08:00.0", "GPU-60f2c95a-c564-a078-2a14-b4ff488806ca", 28, 39.0),
+        ],
+        # Each NVLink joins a port of one GPU to a port of another (positions in "gpus").
+        # As on a real 2x V100-SXM2 board: GPU 0 uses ports 0 and 2, GPU 1 ports 1 and 2.
+        "nvlinks": [
+            {"a": [0, 0], "b": [1, 1], "active": True},
+            {"a": [0, 2], "b": [1, 2], "active": True},
+        ],
+        "nvlink_speed_gbs": "25.781",
+        # What `nvidia-smi topo -m` shows for a GPU pair with no active NVLink: both GPUs sit
+        # on one PLX switch.
+        "pcie_path": "PIX",
+        "cpu_affinity": "0-7",
+        "numa_affinity": "0",
+        "persistence_forced_off": False,
+        # PCI devices other than the GPUs above, as `lspci -Dnn` lists them.
+        "pci_devices": [dict(zip(_PCI_KEYS, device, strict=True)) for device in _PCI_DEVICES],
+    }
+
+
+def state_path() -> Path:
+    """The state file: $GPUBOX_STANDIN_STATE, else /var/lib/gpubox-standin/state.json."""
+    env = os.environ.get(STATE_ENV)
+    return Path(env) if env else STATE_PATH
+
+
+def run_dir() -> Path:
+    """The runtime directory: $GPUBOX_STANDIN_RUN, else /run/gpubox-standin."""
+    env = os.environ.get(RUN_ENV)
+    return Path(env) if env else RUN_DIR
+
+
+def load_state(path: Path | str | None = None) -> State:
+    with open(path or state_path(), encoding="utf-8") as f:
+        state: State = json.load(f)
+    if state.get("format") != FORMAT:
+        raise ValueError(f"stand-in state format {state.get('format')!r}, expected {FORMAT}")
+    return state
+
+
+def dumps_state(state: State) -> str:
+    return json.dumps(state, indent=2, sort_keys=True) + "\n"
+
+
+def save_state(state: State, path: Path | str | None = None) -> Path:
+    """Write the state atomically (the stand-ins may read it at the same moment)."""
+    target = Path(path or state_path())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(dumps_state(state), encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def _gpu_at(state: State, index: int) -> dict[str, Any]:
+    gpus: list[dict[str, Any]] = state["gpus"]
+    if not 0 <= index < len(gpus):
+        raise IndexError(f"the state has GPUs 0..{len(gpus) - 1}, not {index}")
+    return gpus[index]
+
+
+def set_gpu_present(state: State, index: int, present: bool) -> State:
+    """A GPU falls off the bus (present False): gone from lspci and from every nvidia-smi
+    output, where the remaining GPUs are renumbered. ``index`` is the GPU's position in the
+    state, which does not change."""
+    _gpu_at(state, index)["present"] = present
+    return state
+
+
+def set_gpu_driver_bound(state: State, index: int, bound: bool) -> State:
+    """The GPU stays on the bus (lspci lists it) but the driver does not bind it, so
+    nvidia-smi does not see it."""
+    _gpu_at(state, index)["driver_bound"] = bound
+    return state
+
+
+def set_link_active(state: State, gpu: int, link: int, active: bool) -> State:
+    """NVLink port ``link`` of GPU ``gpu`` (its position in the state) goes down or up: the
+    link shows <inactive> on both GPUs it joins, and topo -m counts one NVLink fewer."""
+    _gpu_at(state, gpu)
+    for nvlink in state["nvlinks"]:
+        if [gpu, link] in (nvlink["a"], nvlink["b"]):
+            nvlink["active"] = active
+            return state
+    raise ValueError(f"GPU {gpu} port {link} is not cabled to another GPU in this state")
+
+
+def set_persistence_forced_off(state: State, forced_off: bool) -> State:
+    """Persistence mode reads Disabled/Off even while nvidia-persistenced runs with it on."""
+    state["persistence_forced_off"] = forced_off
+    return state
