@@ -10,11 +10,15 @@ from typing import Any
 
 def load(path: str) -> list[tuple[str, dict[str, Any]]]:
     """(host name, merged host data) for every host of a pyinfra inventory file."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no inventory file {path}")
-    inventory = make_inventory(path, cwd=os.getcwd())
+    # pyinfra executes inventory files inside a state context; this state connects nothing.
+    with ctx_state.use(State(Inventory(([], {})), Config())):
+        inventory = make_inventory(path, cwd=os.getcwd())
     return [(host.name, host.data.dict()) for host in inventory]
 
 
