@@ -9,6 +9,7 @@ box = {
     "gpu_model": "Tesla V100-SXM2-32GB",
     "gpu_count": 2,
     "nvlink": True,
+    # "nvlink_links": 2,  # active links per GPU on your board (nvidia-smi nvlink -s)
     "driver_branch": "570",
     "cuda_version": "12.8",
     "allow_reboot": True,

@@ -22,6 +22,7 @@ hosts = [
             "gpu_model": "Tesla V100-SXM2-32GB",
             "gpu_count": 2,
             "nvlink": True,
+            "nvlink_links": 2,
             "driver_branch": "570",
             "cuda_version": "12.8",
             # The box shares the host's kernel, whose headers are not in Debian's archive.

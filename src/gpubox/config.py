@@ -42,6 +42,12 @@ KEYS: tuple[Key, ...] = (
     Key("gpu_model", str, "Tesla V100-SXM2-32GB", "GPU model as nvidia-smi names it"),
     Key("gpu_count", int, 2, "how many GPUs of gpu_model the box has"),
     Key("nvlink", bool, True, "the GPUs are joined by NVLink (verified: links up, topo NV#)"),
+    Key(
+        "nvlink_links",
+        int,
+        None,
+        "active NVLink links expected on each GPU (default: at least one)",
+    ),
     Key("driver_branch", (str, int), "570", "NVIDIA driver branch to pin", normalize=str),
     Key(
         "driver_version",

@@ -8,12 +8,13 @@ pyinfra and pytest run exactly as a user types them, inside the sandbox's networ
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = "inventories/sandbox.py"
@@ -76,30 +77,44 @@ class CheckRun:
     failed: int
     skipped: int
     output: str
+    failures: dict[str, str] = field(default_factory=dict)  # test name -> failure message
 
 
 def checks(inventory: str = INVENTORY, extra: tuple[str, ...] = ()) -> CheckRun:
-    argv = in_netns(
-        [
-            str(BIN / "pytest"),
-            "tests/host",
-            "--inventory",
-            inventory,
-            "-q",
-            "-rfE",
-            "-p",
-            "no:cacheprovider",
-            *extra,
-        ]
-    )
-    proc = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True)
-    out = proc.stdout + proc.stderr
-
-    def count(word: str) -> int:
-        found = re.findall(rf"(\d+) {word}", out.splitlines()[-1] if out.strip() else "")
-        return int(found[0]) if found else 0
-
-    return CheckRun(proc.returncode, count("passed"), count("failed"), count("skipped"), out)
+    """Run the host checks; results come from pytest's JUnit XML, not its terminal output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        argv = in_netns(
+            [
+                str(BIN / "pytest"),
+                "tests/host",
+                "--inventory",
+                inventory,
+                "-q",
+                "-rfE",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={report}",
+                *extra,
+            ]
+        )
+        proc = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True)
+        run = CheckRun(proc.returncode, 0, 0, 0, proc.stdout + proc.stderr)
+        if not report.exists():
+            return run
+        for case in ElementTree.parse(report).getroot().iter("testcase"):
+            name = case.get("name", "?").split("[")[0]
+            problem = case.find("failure")
+            if problem is None:
+                problem = case.find("error")
+            if problem is not None:
+                run.failed += 1
+                run.failures[name] = problem.get("message", "") + "\n" + (problem.text or "")
+            elif case.find("skipped") is not None:
+                run.skipped += 1
+            else:
+                run.passed += 1
+    return run
 
 
 def main() -> int:

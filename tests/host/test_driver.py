@@ -144,15 +144,26 @@ def test_persistence_mode_is_enabled_on_every_gpu(box):
 
 @pytest.mark.gpu
 def test_nvlink_links_are_active(box):
+    """Every GPU has its NVLink links up: `nvlink_links` of them when the inventory says how
+    many (a V100 has six ports; a board wires fewer, the rest read <inactive>)."""
     if not box.config.nvlink:
         pytest.skip("nvlink is false in the inventory")
     status = parsers.parse_nvlink_status(box.out("nvidia-smi nvlink -s"))
+    want = box.config.nvlink_links
     problems = []
     for gpu in range(box.config.gpu_count):
         links = status.get(gpu, [])
+        active = [link.link for link in links if link.active]
+        inactive = [link.link for link in links if not link.active]
         if not links:
             problems.append(f"GPU {gpu} reports no NVLink links")
-        problems += [f"GPU {gpu} link {link.link} is inactive" for link in links if not link.active]
+        elif (want is None and not active) or (want is not None and len(active) != want):
+            problems.append(
+                f"GPU {gpu}: {len(active)} NVLink link(s) active, expected "
+                f"{want if want is not None else 'at least 1'} (active: "
+                f"{', '.join(map(str, active)) or 'none'}; inactive: "
+                f"{', '.join(map(str, inactive)) or 'none'})"
+            )
     assert not problems, f"{box.name}: " + "; ".join(problems)
 
 

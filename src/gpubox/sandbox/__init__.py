@@ -1,0 +1,49 @@
+"""The sandbox: a local stand-in box to try and test gpubox on.
+
+A Debian 12 systemd host in systemd-nspawn, in its own network namespace, reached over SSH
+like any other host, plus a stand-in NVIDIA apt repository and stand-in GPUs. Nothing here is
+ever shipped to a real box, and no stage knows the sandbox exists: inventories/sandbox.py
+turns ``box_info()`` into ordinary host data.
+
+    gpubox sandbox up | down | status | ssh -- CMD | exec -- CMD
+"""
+
+from gpubox.sandbox.box import (
+    FAULTS,
+    NAME,
+    SandboxError,
+    SandboxNotUp,
+    box_info,
+    clear_faults,
+    down,
+    hardware_state,
+    is_up,
+    netns_argv,
+    plant_fault,
+    save_hardware_state,
+    ssh,
+    ssh_argv,
+    status,
+    up,
+    wait_ready,
+)
+
+__all__ = [
+    "FAULTS",
+    "NAME",
+    "SandboxError",
+    "SandboxNotUp",
+    "box_info",
+    "clear_faults",
+    "down",
+    "hardware_state",
+    "is_up",
+    "netns_argv",
+    "plant_fault",
+    "save_hardware_state",
+    "ssh",
+    "ssh_argv",
+    "status",
+    "up",
+    "wait_ready",
+]

@@ -1,0 +1,1263 @@
+"""The sandbox box: a Debian 12 systemd host in systemd-nspawn, reached over SSH.
+
+One box at a time. It lives in its own network namespace (``gpubox-sandbox``): sshd, the
+stand-in NVIDIA repository and a bridge to the host's Debian mirror all listen on 127.0.0.1
+*inside* that namespace, so nothing touches the host's network and nothing clashes with it.
+pyinfra and pytest reach the box by running inside the namespace (``gpubox sandbox exec --``).
+
+Lifecycle (see shared/reference/sandbox-recipe.md for the facts behind each step):
+
+``up``   root filesystem from the cache (debootstrap once per recipe hash, then a fresh
+         ``cp -a`` per box), netns, mirror bridge (socat host <-> unix socket <-> socat in the
+         netns), stand-in repository server, nspawn under a supervisor that boots the box
+         again when it exits with 133 (the box ran ``reboot``), wait until systemd says running.
+``down`` orderly poweroff (SIGTERM to nspawn, SIGKILL after 30 s), then every process we
+         started, by PID (never by name: the box's processes are visible on the host), then
+         the netns; checks that no process, mount or namespace is left behind.
+
+Everything we start is recorded in ``<state dir>/box.json`` with its PID and kernel start time,
+so a recycled PID is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+NAME = "gpubox-sandbox"  # machine name, network namespace, ssh host alias, hostname
+NETNS_PATH = Path("/run/netns") / NAME
+SSH_PORT = 2222
+SSH_USER = "root"
+SSH_HOST = "127.0.0.1"
+REPO_PORT = 8765
+REPO_DISTRO = "debian12"
+SUITE = "bookworm"
+# A fresh Debian install enables main only; the deploy enables contrib itself.
+DEBIAN_COMPONENTS = "main"
+DEBOOTSTRAP_VARIANT = "minbase"
+DEBOOTSTRAP_INCLUDE = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "ca-certificates",
+    "gnupg",
+    "curl",
+    "iproute2",  # testinfra's host.socket() runs ss
+    "initramfs-tools",  # the driver stage runs update-initramfs
+    "kmod",
+)
+# Bump when the rootfs customisation below changes: it is part of the cache key.
+ROOTFS_RECIPE_VERSION = 1
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+
+# nspawn exits with this status when the box ran `reboot` (systemd-nspawn(1)).
+NSPAWN_REBOOT_STATUS = 133
+
+# Host commands and the Debian package that provides each.
+HOST_COMMANDS = {
+    "debootstrap": "debootstrap",
+    "systemd-nspawn": "systemd-container",
+    "dpkg-deb": "dpkg",
+    "dpkg-scanpackages": "dpkg-dev",
+    "apt-ftparchive": "apt-utils",
+    "gpg": "gnupg",
+    "gpgconf": "gnupg",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "ip": "iproute2",
+    "socat": "socat",
+}
+
+SSHD_DROPIN = f"""\
+# gpubox sandbox: sshd of the local stand-in box (never shipped to a real box).
+# Debian's sshd_config includes sshd_config.d/*.conf first, so these settings win.
+ListenAddress {SSH_HOST}
+Port {SSH_PORT}
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+"""
+
+
+class SandboxError(RuntimeError):
+    """A sandbox operation failed; the message says what to do."""
+
+
+class SandboxNotUp(SandboxError):
+    pass
+
+
+Progress = Callable[[str], None]
+
+
+def _stderr_progress(message: str) -> None:
+    print(f"gpubox sandbox: {message}", file=sys.stderr, flush=True)
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def cache_dir() -> Path:
+    """Rootfs and repository caches: $GPUBOX_CACHE_DIR or ~/.cache/gpubox."""
+    env = os.environ.get("GPUBOX_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "gpubox"
+
+
+def state_dir() -> Path:
+    """The running box's state: $GPUBOX_STATE_DIR or ~/.local/state/gpubox/sandbox."""
+    env = os.environ.get("GPUBOX_STATE_DIR")
+    return Path(env) if env else Path.home() / ".local" / "state" / "gpubox" / "sandbox"
+
+
+def _box_json(sdir: Path) -> Path:
+    return sdir / "box.json"
+
+
+def _src_root() -> Path:
+    """The directory that holds the ``gpubox`` package (for our child processes)."""
+    return Path(__file__).resolve().parents[2]
+
+
+# How our detached helpers start (not `-m`: the package imports box.py first).
+_HELPER = "import sys; from gpubox.sandbox.{module} import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(_src_root()), env.get("PYTHONPATH", "")) if p
+    )
+    return env
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _start_time(pid: int) -> int | None:
+    """The kernel start time of a process (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name may hold spaces and parentheses: split after the last ')'
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def _alive(record: dict[str, int] | None) -> bool:
+    if not record:
+        return False
+    return _start_time(record["pid"]) == record["start_time"]
+
+
+def _signal(record: dict[str, int] | None, sig: int) -> bool:
+    """Signal a process we started, only if it is still that process."""
+    if not _alive(record):
+        return False
+    assert record is not None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(record["pid"], sig)
+    return True
+
+
+def _wait_gone(records: Sequence[dict[str, int] | None], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        for record in records:
+            if record:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(record["pid"], os.WNOHANG)  # reap our own children
+        if not any(_alive(r) for r in records):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _stop(record: dict[str, int] | None, timeout: float = 5.0) -> None:
+    if _signal(record, signal.SIGTERM) and not _wait_gone([record], timeout):
+        _signal(record, signal.SIGKILL)
+        _wait_gone([record], 5.0)
+
+
+def _spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> dict[str, int]:
+    """Start a detached process (own session, no terminal) that outlives this one."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
+    start = _start_time(proc.pid)
+    if start is None:
+        proc.wait()
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-5:])
+        raise SandboxError(f"{' '.join(argv)} exited at once ({proc.returncode}); {log}:\n{tail}")
+    return {"pid": proc.pid, "start_time": start}
+
+
+def _namespace(pid: int, kind: str = "pid") -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def _all_pids() -> list[int]:
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
+
+
+def _box_init(nspawn: dict[str, int] | None) -> dict[str, int] | None:
+    """The box's init: the first process under nspawn in another PID namespace."""
+    if not _alive(nspawn):
+        return None
+    assert nspawn is not None
+    host = _namespace(os.getpid())
+    children: dict[int, list[int]] = {}
+    for pid in _all_pids():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(pid)
+    todo = list(children.get(nspawn["pid"], []))
+    while todo:
+        pid = todo.pop(0)
+        ns = _namespace(pid)
+        start = _start_time(pid)
+        if ns is not None and ns != host and start is not None:
+            return {"pid": pid, "start_time": start}
+        todo.extend(children.get(pid, []))
+    return None
+
+
+def box_pid_namespace(nspawn: dict[str, int] | None) -> str | None:
+    """The PID namespace of the box nspawn runs (its init and every process in the box)."""
+    init = _box_init(nspawn)
+    return _namespace(init["pid"]) if init else None
+
+
+def processes_in_namespace(namespace: str | None) -> list[int]:
+    """PIDs of the processes in a PID namespace (``box_pid_namespace``), seen from the host."""
+    if namespace is None:
+        return []
+    return [pid for pid in _all_pids() if _namespace(pid) == namespace]
+
+
+def box_processes(info: dict[str, Any] | None = None) -> list[int]:
+    """Host PIDs of the processes running in the box now (they show in the host's ps)."""
+    info = info or box_info()
+    record = _nspawn_full_record(Path(info["state_dir"]))
+    namespace = record.get("pid_namespace") or box_pid_namespace(
+        _nspawn_record(Path(info["state_dir"]))
+    )
+    return processes_in_namespace(namespace)
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points at or under ``path`` in the host's mount namespace."""
+    target = str(path.resolve())
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == target or point.startswith(target + "/"):
+            found.append(point)
+    return found
+
+
+# --------------------------------------------------------------------------- host checks
+
+
+def check_host() -> None:
+    """Root and the host packages the sandbox needs; names the apt packages if missing."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("the sandbox needs root (debootstrap, systemd-nspawn, ip netns)")
+    missing = sorted({pkg for cmd, pkg in HOST_COMMANDS.items() if not shutil.which(cmd)})
+    if missing:
+        problems.append(
+            "missing host packages: "
+            + " ".join(missing)
+            + f" (apt-get install -y {' '.join(missing)})"
+        )
+    if problems:
+        raise SandboxError("; ".join(problems))
+
+
+# --------------------------------------------------------------------------- Debian mirror
+
+
+def _deb822_stanzas(text: str) -> list[dict[str, str]]:
+    stanzas: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    key: str | None = None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            if current:
+                stanzas.append(current)
+            current, key = {}, None
+            continue
+        if line[0] in " \t" and key:
+            current[key] += " " + line.strip()
+            continue
+        if ":" in line:
+            key, value = line.split(":", 1)
+            key = key.strip().lower()
+            current[key] = value.strip()
+    if current:
+        stanzas.append(current)
+    return stanzas
+
+
+def host_apt_sources() -> list[tuple[str, str]]:
+    """(URI, suite) pairs of the host's enabled ``deb`` sources."""
+    pairs: list[tuple[str, str]] = []
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        with contextlib.suppress(OSError):
+            for stanza in _deb822_stanzas(path.read_text()):
+                if stanza.get("enabled", "yes").lower() == "no":
+                    continue
+                if "deb" not in stanza.get("types", "").split():
+                    continue
+                for uri in stanza.get("uris", "").split():
+                    pairs.extend((uri, suite) for suite in stanza.get("suites", "").split())
+    lists = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list"))]
+    for path in lists:
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+                if len(words) >= 3 and words[0] == "deb":
+                    pairs.append((words[1], words[2]))
+    return pairs
+
+
+def debian_mirror() -> str:
+    """The Debian mirror URL: $GPUBOX_DEBIAN_MIRROR, else the host's apt source for bookworm."""
+    env = os.environ.get("GPUBOX_DEBIAN_MIRROR")
+    if env:
+        return env.rstrip("/")
+    for uri, suite in host_apt_sources():
+        if suite == SUITE:
+            return uri.rstrip("/")
+    raise SandboxError(
+        f"no Debian mirror found: the host's apt sources have no '{SUITE}' entry; "
+        "set GPUBOX_DEBIAN_MIRROR (e.g. the URL your /etc/apt/sources.list uses)"
+    )
+
+
+def _security_mirror(mirror: str) -> str | None:
+    """The host's bookworm-security URL, if it is on the same host:port as the mirror."""
+    want = _host_port(mirror)
+    for uri, suite in host_apt_sources():
+        if suite == f"{SUITE}-security" and _host_port(uri) == want:
+            return uri.rstrip("/")
+    return None
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise SandboxError(f"the Debian mirror must be an http(s) URL, not {url!r}")
+    return parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+# --------------------------------------------------------------------------- root filesystem
+
+
+def rootfs_recipe() -> dict[str, Any]:
+    return {
+        "suite": SUITE,
+        "variant": DEBOOTSTRAP_VARIANT,
+        "include": list(DEBOOTSTRAP_INCLUDE),
+        "sshd_dropin": SSHD_DROPIN,
+        "recipe_version": ROOTFS_RECIPE_VERSION,
+        "arch": os.uname().machine,
+    }
+
+
+def rootfs_key() -> str:
+    blob = json.dumps(rootfs_recipe(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _debootstrap_progress(line: str, seen: set[str], progress: Progress, started: float) -> None:
+    # debootstrap prints one "I: Retrieving/Validating/Extracting/Unpacking/Configuring X"
+    # per package: report each phase once.
+    match = re.match(
+        r"I: (Retrieving|Extracting|Unpacking|Configuring|Installing|Base system)", line
+    )
+    if not match:
+        return
+    phase = match.group(1)
+    if phase not in seen:
+        seen.add(phase)
+        progress(f"  debootstrap: {phase.lower()} ... ({time.monotonic() - started:.0f} s)")
+
+
+def build_rootfs(
+    dest: Path, mirror: str, progress: Progress = _stderr_progress, log: Path | None = None
+) -> None:
+    """debootstrap a pristine box root filesystem into ``dest`` and customise it."""
+    log = log or dest.parent / f"{dest.name}.log"
+    started = time.monotonic()
+    argv = [
+        "debootstrap",
+        f"--variant={DEBOOTSTRAP_VARIANT}",
+        "--include=" + ",".join(DEBOOTSTRAP_INCLUDE),
+        SUITE,
+        str(dest),
+        mirror,
+    ]
+    progress(
+        f"building the box root filesystem (debootstrap {SUITE} from {mirror}; "
+        "about 1-2 minutes, once per recipe)"
+    )
+    seen: set[str] = set()
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            logf.write(line)
+            _debootstrap_progress(line, seen, progress, started)
+        rc = proc.wait()
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise SandboxError(f"debootstrap failed (exit {rc}); log {log}:\n{tail}")
+    _customise_pristine(dest)
+    progress(f"root filesystem built in {time.monotonic() - started:.0f} s")
+
+
+def _customise_pristine(root: Path) -> None:
+    # Debian sources are written per box (the mirror may change); without a reachable
+    # source apt would wait on DNS.
+    (root / "etc/apt/sources.list").unlink(missing_ok=True)
+    for lists in (root / "var/lib/apt/lists").glob("*"):
+        if lists.is_file() and lists.name != "lock":
+            lists.unlink()
+    shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
+    (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+    dropin = root / "etc/ssh/sshd_config.d/10-sandbox.conf"
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text(SSHD_DROPIN)
+    (root / "etc/hostname").write_text(NAME + "\n")
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (root / "usr/local/sbin").mkdir(parents=True, exist_ok=True)
+
+
+def ensure_rootfs(rebuild: bool = False, progress: Progress = _stderr_progress) -> Path:
+    """The cached pristine root filesystem for the current recipe (built if missing)."""
+    base = cache_dir() / "rootfs"
+    base.mkdir(parents=True, exist_ok=True)
+    pristine = base / rootfs_key()
+    marker = pristine / ".gpubox-rootfs-complete"
+    if marker.exists() and not rebuild:
+        return pristine
+    tmp = base / f"{pristine.name}.building-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        build_rootfs(tmp, debian_mirror(), progress, log=base / f"{pristine.name}.log")
+        (tmp / ".gpubox-rootfs-complete").write_text(json.dumps(rootfs_recipe(), indent=1))
+        if pristine.exists():
+            _delete_in_background(pristine, base)
+        tmp.rename(pristine)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in base.iterdir():  # pristine trees of older recipes
+        if old.is_dir() and old != pristine and not old.name.startswith("."):
+            if ".building-" in old.name:
+                continue
+            _delete_in_background(old, base)
+        elif old.suffix == ".log" and old.stem != pristine.name:
+            old.unlink()
+    return pristine
+
+
+def _delete_in_background(path: Path, trash_parent: Path) -> None:
+    """Move ``path`` aside and delete it in a detached process (deleting takes long)."""
+    trash = trash_parent / f".trash-{path.name}-{secrets.token_hex(4)}"
+    try:
+        path.rename(trash)
+    except OSError:
+        return
+    subprocess.Popen(
+        ["rm", "-rf", "--one-file-system", str(trash)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _clean_old_boxes(boxes: Path, keep: Path) -> None:
+    for old in boxes.iterdir():
+        if old == keep or old.name.startswith(".trash-"):
+            continue
+        if old.is_dir() and not mounts_under(old):
+            _delete_in_background(old, boxes)
+    for trash in boxes.glob(".trash-*"):  # an interrupted earlier deletion
+        subprocess.Popen(
+            ["rm", "-rf", "--one-file-system", str(trash)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def _prepare_box_rootfs(root: Path, mirror: str, pubkey: str) -> None:
+    """Per-box settings of a fresh copy: keys, identity, apt sources, hosts, hardware."""
+    (root / "root/.ssh/authorized_keys").write_text(pubkey)
+    os.chmod(root / "root/.ssh/authorized_keys", 0o600)
+    (root / "etc/machine-id").write_text(secrets.token_hex(16) + "\n")
+    mirror_host, _ = _host_port(mirror)
+    (root / "etc/hosts").write_text(
+        "# gpubox sandbox: the Debian mirror is bridged to 127.0.0.1 inside the box's\n"
+        "# network namespace (a socat pair through a unix socket on the host).\n"
+        "127.0.0.1\tlocalhost\n"
+        f"127.0.1.1\t{NAME}\n"
+        f"127.0.0.1\t{mirror_host}\n"
+        "::1\tlocalhost ip6-localhost ip6-loopback\n"
+    )
+    resolv = root / "etc/resolv.conf"
+    if resolv.is_symlink() or resolv.exists():
+        resolv.unlink()
+    # No DNS in the namespace: a lookup of an unknown name fails at once instead of waiting.
+    resolv.write_text(
+        "# gpubox sandbox: no DNS inside the box's network namespace\n"
+        "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+    )
+    suites = f"{SUITE} {SUITE}-updates"
+    sources = (
+        "# gpubox sandbox: Debian through the host's mirror (bridged into the namespace)\n"
+        f"Types: deb\nURIs: {mirror}\nSuites: {suites}\nComponents: {DEBIAN_COMPONENTS}\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+    security = _security_mirror(mirror)
+    if security:
+        sources += (
+            f"\nTypes: deb\nURIs: {security}\nSuites: {SUITE}-security\n"
+            f"Components: {DEBIAN_COMPONENTS}\n"
+            "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        )
+    (root / "etc/apt/sources.list.d/debian.sources").write_text(sources)
+    install_hardware(root)
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+def install_hardware(root: Path) -> None:
+    """The box's stand-in "hardware": the GPU state file and the lspci stand-in."""
+    from gpubox.sandbox import standin
+    from gpubox.sandbox.standin import state as standin_state
+
+    standin_state.save_state(standin_state.default_state(), _in_box(root, standin.STATE_PATH))
+    lspci = root / "usr/local/sbin/lspci"
+    lspci.parent.mkdir(parents=True, exist_ok=True)
+    lspci.write_bytes(standin.LSPCI.read_bytes())
+    lspci.chmod(0o755)
+
+
+def _in_box(root: Path, path: Path | str) -> Path:
+    return root / str(path).lstrip("/")
+
+
+# The faults ``plant_fault`` knows: name -> (what it does, the standin.state call).
+FAULTS = {
+    "gpu-missing": "GPU --gpu (default 1) falls off the bus: gone from lspci and nvidia-smi",
+    "gpu-unbound": "GPU --gpu (default 1) stays on the bus but the driver does not bind it",
+    "nvlink-down": "NVLink port --link (default 2) of GPU --gpu (default 0) and its peer go down",
+    "persistence-off": "persistence mode reads Off even while nvidia-persistenced keeps it on",
+}
+
+
+def hardware_state(info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The box's stand-in hardware state (standin/STATE.md), read from its root filesystem."""
+    from gpubox.sandbox import standin
+    from gpubox.sandbox.standin import state as standin_state
+
+    info = info or box_info()
+    return standin_state.load_state(_in_box(Path(info["rootfs"]), standin.STATE_PATH))
+
+
+def save_hardware_state(new: dict[str, Any], info: dict[str, Any] | None = None) -> None:
+    """Replace the box's stand-in hardware state (atomic; the stand-ins see it at once)."""
+    from gpubox.sandbox import standin
+    from gpubox.sandbox.standin import state as standin_state
+
+    info = info or box_info()
+    standin_state.save_state(new, _in_box(Path(info["rootfs"]), standin.STATE_PATH))
+
+
+def plant_fault(
+    name: str, gpu: int | None = None, link: int | None = None, info: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Plant a hardware fault (one of FAULTS) in the running box; returns the new state.
+
+    Faults add up; ``clear_faults()`` restores the reference hardware. Configuration faults
+    (a stopped service, a removed hold, ...) are planted over SSH instead: they are the box's.
+    """
+    from gpubox.sandbox.standin import state as standin_state
+
+    info = info or box_info()
+    current = hardware_state(info)
+    if name == "gpu-missing":
+        standin_state.set_gpu_present(current, 1 if gpu is None else gpu, False)
+    elif name == "gpu-unbound":
+        standin_state.set_gpu_driver_bound(current, 1 if gpu is None else gpu, False)
+    elif name == "nvlink-down":
+        standin_state.set_link_active(
+            current, 0 if gpu is None else gpu, 2 if link is None else link, False
+        )
+    elif name == "persistence-off":
+        standin_state.set_persistence_forced_off(current, True)
+    else:
+        raise SandboxError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+    save_hardware_state(current, info)
+    return current
+
+
+def clear_faults(info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Restore the reference hardware (standin.state.default_state())."""
+    from gpubox.sandbox.standin import state as standin_state
+
+    fresh = standin_state.default_state()
+    save_hardware_state(fresh, info)
+    return fresh
+
+
+# --------------------------------------------------------------------------- state
+
+
+def _read_state(sdir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(_box_json(sdir).read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        raise SandboxError(f"{_box_json(sdir)} is not valid JSON ({exc})") from exc
+
+
+def _write_state(sdir: Path, state: dict[str, Any]) -> None:
+    path = _box_json(sdir)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _lock(sdir: Path) -> Iterator[None]:
+    sdir.mkdir(parents=True, exist_ok=True)
+    with open(sdir / "lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise SandboxError(f"another gpubox sandbox command holds {sdir / 'lock'}") from exc
+        yield
+
+
+def box_info(sdir: Path | None = None) -> dict[str, Any]:
+    """The running box's connection facts (box.json); raises SandboxNotUp if it is not up."""
+    sdir = sdir or state_dir()
+    state = _read_state(sdir)
+    if state is None or state.get("state") != "up":
+        raise SandboxNotUp("sandbox is not up: run gpubox sandbox up")
+    if not _alive(state["processes"].get("supervisor")):
+        raise SandboxNotUp(
+            "sandbox is not running (its supervisor is gone): "
+            "run gpubox sandbox down, then gpubox sandbox up"
+        )
+    current = _nspawn_record(sdir)  # a reboot starts a new nspawn under the same supervisor
+    if current and current != state["processes"].get("nspawn"):
+        state["processes"]["nspawn"] = current
+    return state
+
+
+def is_up(sdir: Path | None = None) -> bool:
+    try:
+        box_info(sdir)
+    except SandboxNotUp:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- ssh
+
+
+def _ensure_key(sdir: Path) -> Path:
+    key = sdir / "id_ed25519"
+    if not key.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpubox-sandbox", "-f", str(key)],
+            check=True,
+        )
+    return key
+
+
+def _write_ssh_config(sdir: Path, key: Path) -> Path:
+    path = sdir / "ssh_config"
+    path.write_text(
+        "# gpubox sandbox: reach the box from inside its network namespace\n"
+        "# (gpubox sandbox exec -- ssh -F THIS gpubox-sandbox; testinfra --ssh-config=THIS)\n"
+        f"Host {NAME}\n"
+        f"    HostName {SSH_HOST}\n"
+        f"    Port {SSH_PORT}\n"
+        f"    User {SSH_USER}\n"
+        f"    IdentityFile {key}\n"
+        "    IdentitiesOnly yes\n"
+        "    StrictHostKeyChecking no\n"
+        "    UserKnownHostsFile /dev/null\n"
+        "    LogLevel ERROR\n"
+    )
+    return path
+
+
+def netns_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` run inside the box's network namespace."""
+    return ["ip", "netns", "exec", NAME, *argv]
+
+
+def ssh_argv(info: dict[str, Any], command: Sequence[str] = (), tty: bool = False) -> list[str]:
+    """An ssh command line into the box (to run on the host: it enters the namespace)."""
+    options = ["-F", info["ssh_config"], "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    options.append("-t" if tty else "-T")
+    return netns_argv(["ssh", *options, NAME, *(["--", *command] if command else [])])
+
+
+def ssh(
+    command: str | Sequence[str],
+    check: bool = True,
+    timeout: float | None = 300,
+    info: dict[str, Any] | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command in the box over SSH; returns stdout/stderr as text."""
+    info = info or box_info()
+    argv = ssh_argv(info, [command] if isinstance(command, str) else command)
+    result = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input,
+        stdin=None if input is not None else subprocess.DEVNULL,
+    )
+    if check and result.returncode != 0:
+        raise SandboxError(
+            f"in the box: {command!r} exited {result.returncode}:\n{result.stderr}{result.stdout}"
+        )
+    return result
+
+
+def wait_ready(
+    timeout: float = READY_TIMEOUT_S,
+    info: dict[str, Any] | None = None,
+    since_boot_id: str | None = None,
+) -> str:
+    """Wait until the box answers over SSH and systemd has finished booting.
+
+    Returns the system state ("running" or "degraded"). With ``since_boot_id``, first waits
+    for a boot with a different boot id (after a reboot).
+    """
+    info = info or box_info()
+    deadline = time.monotonic() + timeout
+    last = ""
+    script = "cat /proc/sys/kernel/random/boot_id; systemctl is-system-running --wait"
+    while time.monotonic() < deadline:
+        try:
+            result = ssh(
+                script, check=False, timeout=max(5.0, deadline - time.monotonic()), info=info
+            )
+        except subprocess.TimeoutExpired:
+            break
+        lines = result.stdout.split()
+        if result.returncode != 255 and len(lines) >= 2 and lines[0] != since_boot_id:
+            state = lines[-1]
+            if state in ("running", "degraded"):
+                return state
+            last = state
+        else:
+            last = (result.stderr.strip().splitlines() or [""])[-1]
+        time.sleep(0.2)
+    log = Path(info["state_dir"]) / "logs" / "nspawn.log"
+    tail = (
+        "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
+        if log.exists()
+        else ""
+    )
+    raise SandboxError(
+        f"the box did not become ready in {timeout:.0f} s (last: {last!r});"
+        f" console log {log}:\n{tail}"
+    )
+
+
+def failed_units(info: dict[str, Any] | None = None) -> str:
+    return ssh("systemctl --failed --no-pager", check=False, info=info).stdout
+
+
+# --------------------------------------------------------------------------- supervisor
+
+
+def _nspawn_argv(rootfs: Path) -> list[str]:
+    return [
+        "systemd-nspawn",
+        "--quiet",
+        "--register=no",  # required when the host's PID 1 is not systemd
+        "--keep-unit",
+        "--console=read-only",
+        "-M",
+        NAME,
+        "-D",
+        str(rootfs),
+        f"--network-namespace-path={NETNS_PATH}",
+        "--resolv-conf=off",
+        "--timezone=off",
+        "--link-journal=no",
+        # Docker inside the box (sandbox-recipe.md): iptables/bridges, runc's keyring and
+        # cgroup v2 device filter.
+        "--capability=CAP_NET_ADMIN",
+        "--system-call-filter=@keyring bpf",
+        "--boot",
+    ]
+
+
+def _supervise(sdir: Path) -> int:
+    """The supervisor: boot the box, boot it again after a reboot (exit 133), stop otherwise."""
+    spec = json.loads((sdir / "nspawn.json").read_text())
+    stop_flag = sdir / "stopping"
+    log_path = sdir / "logs" / "nspawn.log"
+    env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
+    current: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc in current:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    boots = 0
+    while not stopping and not stop_flag.exists():
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                spec["argv"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        current[:] = [proc]
+        boots += 1
+        record: dict[str, Any] = {
+            "pid": proc.pid,
+            "start_time": _start_time(proc.pid) or 0,
+            "boot": boots,
+        }
+        _write_nspawn_record(sdir, record)
+        print(f"{time.strftime('%H:%M:%S')} boot {boots}: nspawn pid {proc.pid}", flush=True)
+        # The box's init (PID 1 of its PID namespace): down needs it if nspawn dies first,
+        # since the box's processes outlive a killed nspawn.
+        deadline = time.monotonic() + 15
+        while proc.poll() is None and time.monotonic() < deadline:
+            init = _box_init(record)
+            if init is not None:
+                record["init"] = init
+                record["pid_namespace"] = _namespace(init["pid"])
+                _write_nspawn_record(sdir, record)
+                break
+            time.sleep(0.02)
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except InterruptedError:
+                continue
+        current.clear()
+        print(f"{time.strftime('%H:%M:%S')} nspawn exited with status {rc}", flush=True)
+        if rc != NSPAWN_REBOOT_STATUS:
+            break
+        print(f"{time.strftime('%H:%M:%S')} the box rebooted: booting it again", flush=True)
+    # nspawn.pid stays: down reads the box's init from it (the box outlives a killed nspawn)
+    return 0
+
+
+def _write_nspawn_record(sdir: Path, record: dict[str, Any]) -> None:
+    tmp = sdir / "nspawn.pid.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, sdir / "nspawn.pid")
+
+
+def _nspawn_full_record(sdir: Path) -> dict[str, Any]:
+    try:
+        record: dict[str, Any] = json.loads((sdir / "nspawn.pid").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return record
+
+
+def _nspawn_record(sdir: Path) -> dict[str, int] | None:
+    try:
+        record = json.loads((sdir / "nspawn.pid").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return {"pid": record["pid"], "start_time": record["start_time"]}
+
+
+# --------------------------------------------------------------------------- up / down
+
+
+def up(
+    rebuild: bool = False, progress: Progress = _stderr_progress, sdir: Path | None = None
+) -> dict[str, Any]:
+    """Bring the box up (if it is not) and return its box.json facts."""
+    check_host()
+    sdir = sdir or state_dir()
+    with _lock(sdir):
+        state = _read_state(sdir)
+        if state is not None:
+            if (
+                state.get("state") == "up"
+                and _alive(state["processes"].get("supervisor"))
+                and not rebuild
+            ):
+                progress("the sandbox is already up")
+                return state
+            progress("cleaning up the previous sandbox first")
+            _down(sdir, state, progress)
+        elif NETNS_PATH.exists():
+            raise SandboxError(
+                f"network namespace {NAME} exists but this state dir ({sdir}) has no box: "
+                "another gpubox sandbox (other GPUBOX_STATE_DIR?) may be up; bring it down "
+                f"there, or remove the namespace with: ip netns delete {NAME}"
+            )
+        return _up(sdir, rebuild, progress)
+
+
+def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
+    from gpubox.sandbox import repo as standin_repo
+
+    started = time.monotonic()
+    mirror = debian_mirror()
+    mirror_host, mirror_port = _host_port(mirror)
+    pristine = ensure_rootfs(rebuild=rebuild, progress=progress)
+    repo = standin_repo.ensure_repo(cache_dir() / "repo", rebuild=rebuild, progress=progress)
+
+    boxes = cache_dir() / "boxes"
+    boxes.mkdir(parents=True, exist_ok=True)
+    box_dir = boxes / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    rootfs = box_dir / "rootfs"
+    (sdir / "logs").mkdir(parents=True, exist_ok=True)
+    for stale in ("stopping", "nspawn.pid", "mirror.sock"):
+        (sdir / stale).unlink(missing_ok=True)
+    key = _ensure_key(sdir)
+    known_hosts = sdir / "known_hosts"
+    known_hosts.write_text("")  # a new box may have new host keys on the same address
+    ssh_config = _write_ssh_config(sdir, key)
+
+    state: dict[str, Any] = {
+        "name": NAME,
+        "state": "starting",
+        "state_dir": str(sdir),
+        "rootfs": str(rootfs),
+        "netns": NAME,
+        "netns_path": str(NETNS_PATH),
+        "ssh_hostname": SSH_HOST,
+        "ssh_port": SSH_PORT,
+        "ssh_user": SSH_USER,
+        "ssh_key": str(key),
+        "ssh_known_hosts_file": str(known_hosts),
+        "ssh_config": str(ssh_config),
+        "ssh_host_alias": NAME,
+        "debian_mirror": mirror,
+        "processes": {},
+    }
+    state.update(standin_repo.repo_facts(repo, REPO_PORT))
+    _write_state(sdir, state)
+
+    try:
+        t0 = time.monotonic()
+        progress(f"copying the root filesystem to {rootfs}")
+        box_dir.mkdir()
+        subprocess.run(["cp", "-a", "--reflink=auto", str(pristine), str(rootfs)], check=True)
+        (rootfs / ".gpubox-rootfs-complete").unlink(missing_ok=True)
+        _prepare_box_rootfs(rootfs, mirror, Path(f"{key}.pub").read_text())
+        _clean_old_boxes(boxes, box_dir)
+        state["timings"] = {"copy_s": round(time.monotonic() - t0, 2)}
+
+        # network namespace: lo only; forwarding on for Docker's bridge inside the box
+        subprocess.run(["ip", "netns", "add", NAME], check=True)
+        subprocess.run(["ip", "-n", NAME, "link", "set", "lo", "up"], check=True)
+        subprocess.run(netns_argv(["sysctl", "-qw", "net.ipv4.ip_forward=1"]), check=True)
+
+        # the Debian mirror, bridged into the namespace through a unix socket
+        sock = sdir / "mirror.sock"
+        procs = state["processes"]
+        procs["mirror_socat_host"] = _spawn(
+            [
+                "socat",
+                f"UNIX-LISTEN:{sock},fork,unlink-early,mode=600",
+                f"TCP:{mirror_host}:{mirror_port}",
+            ],
+            sdir / "logs" / "socat-host.log",
+        )
+        _write_state(sdir, state)
+        _wait_for(lambda: sock.exists(), 5, "the host side of the mirror bridge")
+        procs["mirror_socat_netns"] = _spawn(
+            netns_argv(
+                [
+                    "socat",
+                    f"TCP-LISTEN:{mirror_port},bind=127.0.0.1,reuseaddr,fork",
+                    f"UNIX-CONNECT:{sock}",
+                ]
+            ),
+            sdir / "logs" / "socat-netns.log",
+        )
+        _write_state(sdir, state)
+
+        # the supervisor, then the stand-in repository server (which exits with it)
+        (sdir / "nspawn.json").write_text(json.dumps({"argv": _nspawn_argv(rootfs)}))
+        procs["supervisor"] = _spawn(
+            [sys.executable, "-c", _HELPER.format(module="box"), "supervise", str(sdir)],
+            sdir / "logs" / "supervisor.log",
+            env=_child_env(),
+        )
+        _write_state(sdir, state)
+        procs["repo_server"] = _spawn(
+            netns_argv(
+                [
+                    sys.executable,
+                    "-c",
+                    _HELPER.format(module="repo"),
+                    "serve",
+                    "--root",
+                    str(repo),
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    str(REPO_PORT),
+                    "--watch-pid",
+                    str(procs["supervisor"]["pid"]),
+                    "--watch-start-time",
+                    str(procs["supervisor"]["start_time"]),
+                ]
+            ),
+            sdir / "logs" / "repo-server.log",
+            env=_child_env(),
+        )
+        _write_state(sdir, state)
+        _wait_for(
+            lambda: _listening(procs["mirror_socat_netns"], mirror_port),
+            5,
+            "the namespace side of the mirror bridge",
+        )
+        _wait_for(
+            lambda: _listening(procs["repo_server"], REPO_PORT),
+            10,
+            "the stand-in repository server",
+        )
+        _wait_for(lambda: _nspawn_record(sdir) is not None, 10, "systemd-nspawn to start")
+        procs["nspawn"] = _nspawn_record(sdir)
+        t1 = time.monotonic()
+        progress("booting the box")
+        system_state = wait_ready(info=state)
+        state["timings"]["boot_s"] = round(time.monotonic() - t1, 2)
+    except BaseException:
+        progress("bringing the half-started sandbox down again")
+        with contextlib.suppress(Exception):
+            _down(sdir, state, _quiet)
+        raise
+
+    state["state"] = "up"
+    state["system_state"] = system_state
+    state["timings"]["up_s"] = round(time.monotonic() - started, 2)
+    _write_state(sdir, state)
+    progress(
+        f"up in {state['timings']['up_s']:.1f} s: {state['repo_url']} and "
+        f"ssh {SSH_USER}@{SSH_HOST}:{SSH_PORT} inside network namespace {NAME}"
+    )
+    if system_state != "running":
+        raise SandboxError(
+            f"the box is up but {system_state}; failed units:\n" + failed_units(state)
+        )
+    return state
+
+
+def _listening(record: dict[str, int], port: int) -> bool:
+    """Whether anything listens on TCP ``port`` in the namespace of process ``record``."""
+    if not _alive(record):
+        raise SandboxError(f"process {record['pid']} exited (see the logs in the state dir)")
+    try:
+        table = Path(f"/proc/{record['pid']}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    want = f":{port:04X}"
+    return any(line.split()[1].endswith(want) and line.split()[3] == "0A" for line in table)
+
+
+def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise SandboxError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def down(progress: Progress = _stderr_progress, sdir: Path | None = None) -> dict[str, Any]:
+    """Power the box off and remove everything ``up`` started. Returns a report dict."""
+    check_host()
+    sdir = sdir or state_dir()
+    with _lock(sdir):
+        state = _read_state(sdir)
+        if state is None:
+            leftover = NETNS_PATH.exists()
+            if leftover:
+                raise SandboxError(
+                    f"no sandbox in {sdir}, but network namespace {NAME} exists "
+                    f"(another state dir?); remove it with: ip netns delete {NAME}"
+                )
+            progress("the sandbox is not up")
+            return {"was_up": False}
+        return _down(sdir, state, progress)
+
+
+def _down(sdir: Path, state: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    started = time.monotonic()
+    procs: dict[str, dict[str, int]] = state.get("processes", {})
+    (sdir / "stopping").write_text("")  # the supervisor must not boot the box again
+    nspawn = _nspawn_record(sdir) or procs.get("nspawn")
+    record = _nspawn_full_record(sdir)
+    init = record.get("init") or _box_init(nspawn)
+    pid_namespace = record.get("pid_namespace") or box_pid_namespace(nspawn)
+    supervisor = procs.get("supervisor")
+    rootfs = Path(state["rootfs"])
+    if _alive(nspawn):
+        progress("powering the box off")
+        _signal(nspawn, signal.SIGTERM)  # nspawn turns SIGTERM into an orderly poweroff
+    elif _alive(init):
+        # nspawn is gone but the box runs on (it outlives a killed nspawn): no orderly way left
+        progress("systemd-nspawn is gone but the box still runs: killing its init")
+        _signal(init, signal.SIGKILL)
+    _signal(supervisor, signal.SIGTERM)  # forwards SIGTERM to a nspawn it started meanwhile
+    if not _wait_gone([nspawn, supervisor], STOP_TIMEOUT_S):
+        progress(f"the box did not power off in {STOP_TIMEOUT_S:.0f} s: killing it")
+        latest = _nspawn_record(sdir)
+        for rec in (nspawn, latest, supervisor):
+            _signal(rec, signal.SIGKILL)
+        _wait_gone([nspawn, latest, supervisor], 10)
+    # killing PID 1 of the box's PID namespace takes every process in the box with it
+    if _signal(init, signal.SIGKILL):
+        _wait_gone([init], 10)
+    for name in ("repo_server", "mirror_socat_netns", "mirror_socat_host"):
+        _stop(procs.get(name))
+    # the box's own processes die with its PID namespace's init; make sure, by PID
+    for pid in processes_in_namespace(pid_namespace):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while processes_in_namespace(pid_namespace) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if NETNS_PATH.exists():
+        subprocess.run(["ip", "netns", "delete", NAME], check=False)
+    with contextlib.suppress(OSError):  # nspawn's lock file for the box's directory
+        st = rootfs.stat()
+        Path(f"/run/systemd/nspawn/locks/inode-{st.st_dev}:{st.st_ino}").unlink()
+    for name in ("mirror.sock", "nspawn.pid", "nspawn.json"):
+        (sdir / name).unlink(missing_ok=True)
+
+    problems = []
+    alive = [f"{n} ({r['pid']})" for n, r in procs.items() if _alive(r)]
+    if alive:
+        problems.append("still running: " + ", ".join(alive))
+    if processes_in_namespace(pid_namespace):
+        problems.append(f"processes still in the box: {processes_in_namespace(pid_namespace)}")
+    if rootfs.exists() and mounts_under(rootfs):
+        problems.append(f"mounts left under {rootfs}: {mounts_under(rootfs)}")
+    if NETNS_PATH.exists():
+        problems.append(f"network namespace {NAME} still exists")
+    if problems:
+        raise SandboxError("down left things behind: " + "; ".join(problems))
+    last = sdir / "last-box.json"
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(_box_json(sdir), last)
+    (sdir / "stopping").unlink(missing_ok=True)
+    seconds = time.monotonic() - started
+    progress(f"down in {seconds:.1f} s")
+    return {
+        "was_up": True,
+        "down_s": round(seconds, 2),
+        "rootfs": str(rootfs),
+        "pid_namespace": pid_namespace,
+    }
+
+
+def status(sdir: Path | None = None) -> dict[str, Any]:
+    """What is known about the box: {"up": bool, ...box.json facts, "system_state"}."""
+    sdir = sdir or state_dir()
+    state = _read_state(sdir)
+    if state is None:
+        return {"up": False, "state_dir": str(sdir)}
+    report = dict(state)
+    procs = state.get("processes", {})
+    nspawn = _nspawn_record(sdir)
+    if nspawn:
+        report["processes"] = dict(procs, nspawn=nspawn)
+    report["alive"] = {name: _alive(rec) for name, rec in report["processes"].items()}
+    report["up"] = state.get("state") == "up" and report["alive"].get("supervisor", False)
+    if report["up"]:
+        result = ssh("systemctl is-system-running", check=False, timeout=20, info=state)
+        report["system_state"] = result.stdout.strip() or result.stderr.strip()
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Internal entry point of our detached helper processes."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == "supervise":
+        return _supervise(Path(args[1]))
+    print("usage: python -m gpubox.sandbox.box supervise STATE_DIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

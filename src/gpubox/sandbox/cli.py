@@ -1,0 +1,135 @@
+"""``gpubox sandbox``: bring the local stand-in box up and down, and reach it.
+
+gpubox sandbox up [--rebuild]     build/boot the box (prints its connection facts)
+gpubox sandbox down               power it off; nothing is left running
+gpubox sandbox status             whether it is up, and how to reach it
+gpubox sandbox ssh [-- CMD ...]   a shell or a command in the box (exit status passed on)
+gpubox sandbox exec -- CMD ...    a host command inside the box's network namespace,
+                                  where the box is 127.0.0.1 (pyinfra, pytest)
+gpubox sandbox fault NAME|clear   plant a stand-in hardware fault (or clear them all)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from gpubox.sandbox import box
+
+
+def _command(words: Sequence[str]) -> list[str]:
+    words = list(words)
+    if words and words[0] == "--":
+        words = words[1:]
+    return words
+
+
+def _print_facts(info: dict[str, object]) -> None:
+    keys = (
+        "ssh_hostname",
+        "ssh_port",
+        "ssh_user",
+        "ssh_key",
+        "ssh_config",
+        "netns",
+        "rootfs",
+        "repo_url",
+        "key_url",
+        "key_fingerprint",
+        "state_dir",
+    )
+    for key in keys:
+        if key in info:
+            print(f"{key}: {info[key]}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpubox sandbox",
+        description="A local stand-in box (Debian 12, systemd-nspawn) to try and test gpubox.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="build (once) and boot the box")
+    up.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="rebuild the cached root filesystem and stand-in repository first",
+    )
+    up.add_argument("--json", action="store_true", help="print box.json on stdout")
+    sub.add_parser("down", help="power the box off and remove what up started")
+    st = sub.add_parser("status", help="whether the box is up, and its connection facts")
+    st.add_argument("--json", action="store_true")
+    ssh = sub.add_parser("ssh", help="run a command (or a shell) in the box")
+    ssh.add_argument("command", nargs=argparse.REMAINDER)
+    ex = sub.add_parser("exec", help="run a host command inside the box's network namespace")
+    ex.add_argument("command", nargs=argparse.REMAINDER)
+    fault = sub.add_parser(
+        "fault",
+        help="plant a stand-in hardware fault in the box, or clear them",
+        description="Faults: " + "; ".join(f"{k}: {v}" for k, v in box.FAULTS.items()),
+    )
+    fault.add_argument("name", choices=[*box.FAULTS, "clear"])
+    fault.add_argument("--gpu", type=int, help="the GPU's position in the state (0, 1)")
+    fault.add_argument("--link", type=int, help="the NVLink port of that GPU")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.action == "up":
+            info = box.up(rebuild=args.rebuild)
+            if args.json:
+                print(json.dumps(info, indent=2, sort_keys=True))
+            else:
+                _print_facts(info)
+            return 0
+        if args.action == "down":
+            box.down()
+            return 0
+        if args.action == "status":
+            report = box.status()
+            if args.json:
+                print(json.dumps(report, indent=2, sort_keys=True))
+            elif not report["up"]:
+                state = "stale (run gpubox sandbox down)" if "processes" in report else "down"
+                print(f"sandbox: {state}")
+            else:
+                print(f"sandbox: up ({report.get('system_state', '?')})")
+                _print_facts(report)
+                print(
+                    "processes: "
+                    + ", ".join(
+                        f"{name} {rec['pid']}{'' if report['alive'][name] else ' (gone)'}"
+                        for name, rec in report["processes"].items()
+                    )
+                )
+            return 0 if report["up"] else 1
+        if args.action == "ssh":
+            info = box.box_info()
+            command = _command(args.command)
+            tty = not command and sys.stdin.isatty()
+            return subprocess.call(box.ssh_argv(info, command, tty=tty))
+        if args.action == "fault":
+            if args.name == "clear":
+                box.clear_faults()
+            else:
+                box.plant_fault(args.name, gpu=args.gpu, link=args.link)
+            return 0
+        if args.action == "exec":
+            command = _command(args.command)
+            if not command:
+                parser.error("exec needs a command: gpubox sandbox exec -- CMD ...")
+            box.box_info()
+            os.execvp("ip", box.netns_argv(command))
+    except (box.SandboxError, ValueError, IndexError) as exc:
+        print(f"gpubox sandbox: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

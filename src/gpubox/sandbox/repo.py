@@ -1,0 +1,729 @@
+"""The stand-in NVIDIA apt repository of the sandbox box, and its loopback HTTP server.
+
+NVIDIA's CUDA repository cannot be reached from a test machine, so the sandbox serves a
+stand-in with the same shape: a flat repository (``deb [signed-by=KEYRING] URL /``) at
+``http://127.0.0.1:8765/nvidia/debian12/x86_64/``, a Release file with Origin "NVIDIA" and
+Label "NVIDIA CUDA", signed by a throwaway key published as a *binary* keyring
+``cuda-archive-keyring.gpg`` (as NVIDIA publishes theirs).
+
+It carries NVIDIA's real Debian package names (catalog.yml driver.packages.debian) at two
+driver versions side by side, the R570 the deploy pins and a newer R580 the pin must resist,
+plus the ``cuda-drivers`` trap and two CUDA toolkits (12.8, and 13.0 as a second
+temptation). Every package is a small stand-in built here at run time with dpkg-deb; what
+they contain lives in ``packages/`` (and ``standin/`` for nvidia-smi and lspci). None of this
+is ever shipped to a real box.
+
+The server binds 127.0.0.1 inside the box's network namespace, and exits when the box's
+supervisor process is gone (or on SIGTERM), so it never outlives the box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpubox import catalog
+from gpubox.sandbox import standin
+
+PACKAGES_DIR = Path(__file__).parent / "packages"
+DISTRO = "debian12"
+ARCH_DIR = "x86_64"
+URL_PATH = "nvidia/{distro}/x86_64/"  # like developer.download.nvidia.com/compute/cuda/repos/
+KEYRING_NAME = "cuda-archive-keyring.gpg"
+ORIGIN = "NVIDIA"
+LABEL = "NVIDIA CUDA"
+MAINTAINER = "gpubox sandbox stand-in <sandbox@gpubox.invalid>"
+KEY_UID = "gpubox sandbox stand-in NVIDIA CUDA repository (throwaway) <sandbox@gpubox.invalid>"
+# Bump when the way packages are built changes: it is part of the cache key.
+REPO_FORMAT_VERSION = 1
+
+# CUDA toolkit stand-ins: what `nvcc --version` prints, and the versions of the packages
+# around the toolkit meta package (catalog.yml cuda.versions holds the meta package version).
+#
+# nvcc banners are verbatim transcripts of the real compilers, checked 2026-11 with the code
+# search: CUDA 12.8 Update 1 (cuda-nvcc-12-8 12.8.93-1), e.g. gongyisheng/playground
+# cuda/install.md and several other public install notes; CUDA 13.0 (cuda-nvcc-13-0
+# 13.0.88-1, the nvcc that cuda-toolkit-13-0 13.0.2-1 installs: public Dockerfiles pin
+# cuda-nvcc-13-0=13.0.88-1 beside cuda-cudart-dev-13-0=13.0.96-1), several public
+# `nvcc --version` transcripts (WSL setup notes, llama.cpp benchmark logs).
+CUDA_STANDINS: dict[str, dict[str, Any]] = {
+    "12.8": {
+        "nvcc_version": "12.8.93-1",
+        "cudart_version": "12.8.90-1",
+        "config_version": "12.8.90-1",
+        "cudart_so": "12.8.90",
+        "alternatives_priority": 128,
+        "nvcc_banner": (
+            "nvcc: NVIDIA (R) Cuda compiler driver\n"
+            "Copyright (c) 2005-2025 NVIDIA Corporation\n"
+            "Built on Fri_Feb_21_20:23:50_PST_2025\n"
+            "Cuda compilation tools, release 12.8, V12.8.93\n"
+            "Build cuda_12.8.r12.8/compiler.35583870_0\n"
+        ),
+    },
+    "13.0": {
+        "nvcc_version": "13.0.88-1",
+        "cudart_version": "13.0.96-1",
+        "config_version": "13.0.96-1",
+        "cudart_so": "13.0.96",
+        "alternatives_priority": 130,
+        "nvcc_banner": (
+            "nvcc: NVIDIA (R) Cuda compiler driver\n"
+            "Copyright (c) 2005-2025 NVIDIA Corporation\n"
+            "Built on Wed_Aug_20_01:58:59_PM_PDT_2025\n"
+            "Cuda compilation tools, release 13.0, V13.0.88\n"
+            "Build cuda_13.0.r13.0/compiler.36424714_0\n"
+        ),
+    },
+}
+# The driver branches served side by side: the pinned one and the temptation.
+DRIVER_BRANCHES = ("570", "580")
+
+LIBDIR = "usr/lib/x86_64-linux-gnu"
+STANDIN_LIBDIR = "usr/lib/gpubox-standin"  # stand-in helpers shipped by the packages
+
+
+class RepoError(RuntimeError):
+    pass
+
+
+Progress = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------- package model
+
+
+@dataclass
+class Deb:
+    name: str
+    version: str
+    description: str
+    depends: list[str] = field(default_factory=list)
+    recommends: list[str] = field(default_factory=list)
+    provides: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    replaces: list[str] = field(default_factory=list)
+    section: str = "non-free/libs"
+    # path in the package (no leading slash) -> (content, mode)
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)  # path -> target
+    scripts: dict[str, str] = field(default_factory=dict)  # postinst, prerm, postrm, preinst
+
+    def add(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
+        self.files[path] = (content.encode() if isinstance(content, str) else content, mode)
+
+    def control(self) -> str:
+        fields = [
+            ("Package", self.name),
+            ("Version", self.version),
+            ("Architecture", "amd64"),
+            ("Maintainer", MAINTAINER),
+            ("Section", self.section),
+            ("Priority", "optional"),
+            ("Depends", ", ".join(self.depends)),
+            ("Recommends", ", ".join(self.recommends)),
+            ("Provides", ", ".join(self.provides)),
+            ("Conflicts", ", ".join(self.conflicts)),
+            ("Replaces", ", ".join(self.replaces)),
+            (
+                "Description",
+                self.description + "\n gpubox sandbox stand-in: a few small files "
+                "that behave like NVIDIA's package\n in the sandbox box. Never "
+                "shipped to a real box.",
+            ),
+        ]
+        return "".join(f"{k}: {v}\n" for k, v in fields if v)
+
+
+def _template(name: str, **values: Any) -> str:
+    """A file from packages/ with @KEY@ placeholders filled in."""
+    text = (PACKAGES_DIR / name).read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key.upper()}@", str(value))
+    if "@" in text:
+        leftover = [w for w in text.split("@")[1::2] if w.isupper() and " " not in w]
+        if leftover:
+            raise RepoError(f"packages/{name}: unfilled placeholders {leftover}")
+    return text
+
+
+@functools.cache
+def _dummy_library(soname: str, owner: str) -> bytes:
+    """A real (empty) ELF shared object with the library's soname, so that ldconfig lists it
+    and the host checks can prove the linker path, as with the real libraries."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "standin.c"
+        src.write_text(
+            f"/* gpubox sandbox stand-in for {soname} ({owner}), never shipped to a real box */\n"
+            f'const char gpubox_sandbox_standin[] = "{soname}";\n'
+        )
+        out = Path(tmp) / "lib.so"
+        subprocess.run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                "-nostdlib",
+                "-Wl,--build-id=none",
+                f"-Wl,-soname,{soname}",
+                "-o",
+                str(out),
+                str(src),
+            ],
+            check=True,
+        )
+        return out.read_bytes()
+
+
+def _doc(deb: Deb) -> None:
+    deb.add(
+        f"usr/share/doc/{deb.name}/README.gpubox-sandbox",
+        f"{deb.name} {deb.version}: gpubox sandbox stand-in for NVIDIA's package of the "
+        "same name.\nNever shipped to a real box.\n",
+    )
+
+
+def _systemd_scripts(deb: Deb, unit: str, start: bool) -> None:
+    """Maintainer scripts as dh_installsystemd writes them (enable, and start if asked)."""
+    values = {"unit": unit}
+    post = _template("maintscripts/systemd-postinst", **values)
+    if start:
+        post += _template("maintscripts/systemd-postinst-start", **values)
+    deb.scripts["postinst"] = deb.scripts.get("postinst", "") + post
+    if start:
+        deb.scripts["prerm"] = deb.scripts.get("prerm", "") + _template(
+            "maintscripts/systemd-prerm-stop", **values
+        )
+    deb.scripts["postrm"] = deb.scripts.get("postrm", "") + _template(
+        "maintscripts/systemd-postrm", **values
+    )
+
+
+# --------------------------------------------------------------------------- the packages
+
+
+def runtime_contract() -> dict[str, str]:
+    """Where the stand-in packages keep the box's "kernel" state (standin/STATE.md)."""
+    return {
+        "loaded_file": str(standin.RUN_DIR / standin.LOADED_DRIVER_FILE),
+        "persistence_file": str(standin.RUN_DIR / standin.PERSISTENCE_FILE),
+    }
+
+
+def driver_packages(branch: str, cat: dict[str, Any]) -> list[Deb]:
+    """Every Debian driver package of NVIDIA's repository for one branch, as stand-ins."""
+    info = cat["driver"]["branches"][branch]
+    ver = info["version"]  # 570.211.01
+    pv = info["package_version"]["debian"]  # 570.211.01-1
+    same = f"(= {pv})"
+    values = {"version": ver, "package_version": pv, "branch": branch, **runtime_contract()}
+    debs: dict[str, Deb] = {}
+
+    def deb(name: str, description: str, **kw: Any) -> Deb:
+        d = Deb(name, pv, description, **kw)
+        _doc(d)
+        debs[name] = d
+        return d
+
+    deb(
+        "nvidia-alternative",
+        "allows the selection of NVIDIA as GLX provider",
+        section="non-free/libs",
+    )
+    d = deb(
+        "nvidia-modprobe",
+        "utility to load NVIDIA kernel modules and create device nodes",
+        section="non-free/utils",
+    )
+    d.add("usr/bin/nvidia-modprobe", _template("nvidia-modprobe", **values), 0o755)
+    d = deb("firmware-nvidia-gsp", "NVIDIA GSP firmware", section="non-free-firmware/kernel")
+    for chip in ("ga10x", "tu10x"):
+        d.add(
+            f"lib/firmware/nvidia/{ver}/gsp_{chip}.bin",
+            f"gpubox sandbox stand-in firmware blob ({chip}, {ver}); not firmware.\n",
+        )
+    d = deb(
+        "nvidia-kernel-support",
+        "NVIDIA binary kernel module support files",
+        depends=[f"nvidia-alternative {same}", f"nvidia-modprobe (>= {branch})"],
+        provides=[f"nvidia-kernel-support-any (= {pv})"],
+        section="non-free/kernel",
+    )
+    d.add(
+        "etc/modprobe.d/nvidia-blacklists-nouveau.conf",
+        _template("nvidia-blacklists-nouveau.conf", **values),
+    )
+
+    for name, soname, desc in (
+        ("libcuda1", "libcuda.so", "NVIDIA CUDA Driver Library"),
+        ("libnvidia-ml1", "libnvidia-ml.so", "NVIDIA Management Library (NVML) runtime library"),
+        ("libnvidia-cfg1", "libnvidia-cfg.so", "NVIDIA binary OpenGL/GLX configuration library"),
+        (
+            "libnvidia-ptxjitcompiler1",
+            "libnvidia-ptxjitcompiler.so",
+            "NVIDIA PTX JIT Compiler library",
+        ),
+    ):
+        d = deb(name, desc, depends=[f"nvidia-alternative {same}"])
+        d.add(f"{LIBDIR}/{soname}.{ver}", _dummy_library(f"{soname}.{ver}", name))
+        d.links[f"{LIBDIR}/{soname}.1"] = f"{soname}.{ver}"
+    debs["libcuda1"].depends.append(f"libnvidia-ptxjitcompiler1 {same}")
+    debs["libcuda1"].provides.append("libcuda.so.1 (= 1)")
+
+    d = deb(
+        "nvidia-smi",
+        "NVIDIA System Management Interface",
+        depends=[f"libnvidia-ml1 {same}", f"nvidia-alternative {same}"],
+        section="non-free/utils",
+    )
+    d.add("usr/bin/nvidia-smi", standin.nvidia_smi_source(ver), 0o755)
+
+    d = deb(
+        "nvidia-persistenced",
+        "daemon to maintain persistent software state in the NVIDIA driver",
+        depends=[f"libnvidia-cfg1 (>= {branch})"],
+        section="non-free/utils",
+    )
+    d.add("usr/bin/nvidia-persistenced", _template("nvidia-persistenced", **values), 0o755)
+    d.add(
+        "lib/systemd/system/nvidia-persistenced.service",
+        _template("nvidia-persistenced.service", **values),
+    )
+    d.scripts["postinst"] = _template("maintscripts/nvidia-persistenced-postinst", **values)
+    _systemd_scripts(d, "nvidia-persistenced.service", start=True)
+
+    module_unit = "gpubox-standin-nvidia-module.service"
+    for name, flavour, other in (
+        ("nvidia-kernel-dkms", "proprietary", "nvidia-kernel-open-dkms"),
+        ("nvidia-kernel-open-dkms", "open", "nvidia-kernel-dkms"),
+    ):
+        kind = "open " if flavour == "open" else ""
+        d = deb(
+            name,
+            f"NVIDIA binary {kind}kernel module DKMS source",
+            depends=[
+                f"nvidia-kernel-support {same}",
+                f"nvidia-modprobe (>= {branch})",
+                f"firmware-nvidia-gsp {same}" if flavour == "open" else "",
+            ],
+            provides=[f"nvidia-kernel-dkms-any (= {pv})", f"nvidia-kernel-{ver}"],
+            conflicts=[other],
+            replaces=[other],
+            section="non-free/kernel",
+        )
+        d.depends = [x for x in d.depends if x]
+        kvalues = dict(values, flavour=flavour, package=name)
+        d.add(f"{STANDIN_LIBDIR}/nvidia-module.conf", _template("nvidia-module.conf", **kvalues))
+        d.add(
+            f"{STANDIN_LIBDIR}/nvidia-module-load",
+            _template("nvidia-module-load", **kvalues),
+            0o755,
+        )
+        d.add(
+            f"lib/systemd/system/{module_unit}",
+            _template("gpubox-standin-nvidia-module.service", **kvalues),
+        )
+        d.scripts["postinst"] = _template("maintscripts/nvidia-kernel-dkms-postinst", **kvalues)
+        _systemd_scripts(d, module_unit, start=False)
+
+    deb(
+        "nvidia-driver-cuda",
+        "NVIDIA driver CUDA integration components",
+        depends=[
+            f"nvidia-smi {same}",
+            f"libcuda1 {same}",
+            f"libnvidia-ml1 {same}",
+            f"libnvidia-cfg1 {same}",
+            f"libnvidia-ptxjitcompiler1 {same}",
+            "nvidia-persistenced",
+            f"nvidia-kernel-support {same}",
+            f"nvidia-alternative {same}",
+        ],
+        recommends=[
+            f"nvidia-kernel-dkms {same} | nvidia-kernel-open-dkms {same}",
+            f"firmware-nvidia-gsp {same}",
+        ],
+        section="non-free/libs",
+    )
+
+    wanted = [n for group in cat["driver"]["packages"]["debian"].values() for n in group]
+    unknown = [n for n in wanted if n not in debs]
+    if unknown:
+        raise RepoError(
+            f"catalog.yml driver.packages.debian names {unknown}, which the sandbox's stand-in "
+            "repository has no stand-in for: add one in gpubox/sandbox/repo.py driver_packages"
+        )
+    # the trap: a meta package that follows the newest driver (nvidia-stack.md §2, §8)
+    trap = Deb(
+        "cuda-drivers",
+        pv,
+        "CUDA Driver meta-package, branch-agnostic",
+        depends=[f"nvidia-driver-cuda (>= {pv})", f"nvidia-kernel-dkms (>= {pv})"],
+        section="multiverse/metapackages",
+    )
+    _doc(trap)
+    return [*debs.values(), trap]
+
+
+def cuda_packages(cuda: str, cat: dict[str, Any]) -> list[Deb]:
+    """A CUDA toolkit as stand-ins: meta package, nvcc, cudart and the config packages."""
+    info = cat["cuda"]["versions"][cuda]
+    extra = CUDA_STANDINS[cuda]
+    dash = cuda.replace(".", "-")
+    major = cuda.split(".")[0]
+    prefix = info["prefix"].strip("/")  # usr/local/cuda-12.8
+    values = {
+        "cuda": cuda,
+        "prefix": "/" + prefix,
+        "major": major,
+        "priority": extra["alternatives_priority"],
+    }
+    cfg = extra["config_version"]
+
+    common = Deb(
+        "cuda-toolkit-config-common",
+        cfg,
+        "Common config package for CUDA Toolkit",
+        section="multiverse/devel",
+    )
+    common.add("etc/ld.so.conf.d/000_cuda.conf", _template("cuda/000_cuda.conf", **values))
+    major_cfg = Deb(
+        f"cuda-toolkit-{major}-config-common",
+        cfg,
+        f"Common config package for CUDA Toolkit {major}",
+        section="multiverse/devel",
+    )
+    major_cfg.add(
+        f"etc/ld.so.conf.d/988_cuda-{major}.conf", _template("cuda/988_cuda-major.conf", **values)
+    )
+    ver_cfg = Deb(
+        f"cuda-toolkit-{dash}-config-common",
+        cfg,
+        f"Common config package for CUDA Toolkit {cuda}",
+        section="multiverse/devel",
+    )
+    ver_cfg.scripts["postinst"] = _template("cuda/config-common-postinst", **values)
+    ver_cfg.scripts["prerm"] = _template("cuda/config-common-prerm", **values)
+
+    cudart = Deb(
+        f"cuda-cudart-{dash}",
+        extra["cudart_version"],
+        "CUDA Runtime native Libraries",
+        depends=[
+            f"cuda-toolkit-{dash}-config-common",
+            f"cuda-toolkit-{major}-config-common",
+            "cuda-toolkit-config-common",
+        ],
+        section="multiverse/devel",
+    )
+    lib = f"{prefix}/targets/x86_64-linux/lib"
+    cudart.add(
+        f"{lib}/libcudart.so.{extra['cudart_so']}",
+        _dummy_library(f"libcudart.so.{extra['cudart_so']}", cudart.name),
+    )
+    cudart.links[f"{lib}/libcudart.so.{major}"] = f"libcudart.so.{extra['cudart_so']}"
+    cudart.links[f"{prefix}/lib64"] = "targets/x86_64-linux/lib"
+
+    nvcc = Deb(
+        f"cuda-nvcc-{dash}",
+        extra["nvcc_version"],
+        "CUDA nvcc",
+        depends=[f"cuda-cudart-{dash}"],
+        section="multiverse/devel",
+    )
+    nvcc.add(
+        f"{prefix}/bin/nvcc",
+        _template("cuda/nvcc", banner=extra["nvcc_banner"].rstrip("\n"), **values),
+        0o755,
+    )
+
+    meta = Deb(
+        info["package"],
+        info["package_version"],
+        f"CUDA Toolkit {cuda} meta-package (does not include the driver)",
+        depends=[
+            f"{nvcc.name} (>= {nvcc.version.split('-')[0]})",
+            f"{cudart.name} (>= {cudart.version.split('-')[0]})",
+            f"{ver_cfg.name} (>= {cfg.split('-')[0]})",
+        ],
+        section="multiverse/metapackages",
+    )
+    debs = [common, major_cfg, ver_cfg, cudart, nvcc, meta]
+    for d in debs:
+        _doc(d)
+    return debs
+
+
+def all_packages(cat: dict[str, Any] | None = None) -> list[Deb]:
+    cat = cat or catalog.load()
+    debs = [d for branch in DRIVER_BRANCHES for d in driver_packages(branch, cat)]
+    seen: set[tuple[str, str]] = set()
+    for cuda in CUDA_STANDINS:
+        for d in cuda_packages(cuda, cat):
+            if (d.name, d.version) not in seen:  # config-common is shared between toolkits
+                seen.add((d.name, d.version))
+                debs.append(d)
+    return debs
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _build_deb(deb: Deb, workdir: Path, outdir: Path) -> None:
+    root = workdir / f"{deb.name}_{deb.version}"
+    control_dir = root / "DEBIAN"
+    control_dir.mkdir(parents=True)
+    (control_dir / "control").write_text(deb.control())
+    conffiles = sorted("/" + p for p in deb.files if p.startswith("etc/"))
+    if conffiles:
+        (control_dir / "conffiles").write_text("".join(c + "\n" for c in conffiles))
+    for script, body in deb.scripts.items():
+        path = control_dir / script
+        path.write_text(
+            "#!/bin/sh\n# gpubox sandbox stand-in maintainer script "
+            "(never shipped to a real box)\nset -e\n" + body
+        )
+        path.chmod(0o755)
+    for rel, (content, mode) in deb.files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        path.chmod(mode)
+    for rel, target in deb.links.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target)
+    out = outdir / f"{deb.name}_{deb.version}_amd64.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _input_digest(debs: Iterable[Deb]) -> str:
+    h = hashlib.sha256()
+    h.update(f"format {REPO_FORMAT_VERSION} origin {ORIGIN} label {LABEL}\n".encode())
+    for deb in debs:
+        h.update(deb.name.encode() + deb.control().encode())
+        for key in sorted(deb.files):
+            h.update(key.encode() + b"\0" + deb.files[key][0] + str(deb.files[key][1]).encode())
+        for key in sorted(deb.links):
+            h.update(f"{key}->{deb.links[key]}".encode())
+        for key in sorted(deb.scripts):
+            h.update(f"{key}\0{deb.scripts[key]}".encode())
+    return h.hexdigest()[:16]
+
+
+def _gpg(home: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["gpg", "--homedir", str(home), "--batch", "--quiet", *args],
+        check=True,
+        capture_output=True,
+        **kw,
+    )
+
+
+def build_repo(dest: Path, debs: list[Deb]) -> dict[str, Any]:
+    """Build and sign the flat repository under ``dest`` (which must not exist)."""
+    repo = dest / "nvidia" / DISTRO / ARCH_DIR
+    repo.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="gpubox-repo-") as tmp:
+        work = Path(tmp)
+        for deb in debs:
+            _build_deb(deb, work / "src", repo)
+        # without --multiversion dpkg-scanpackages keeps only the newest version
+        packages = subprocess.run(
+            ["dpkg-scanpackages", "--arch", "amd64", "--multiversion", "."],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+        ).stdout
+        (repo / "Packages").write_bytes(packages)
+        subprocess.run(["gzip", "-9kn", "Packages"], cwd=repo, check=True)
+        # Release is written outside the scanned directory, or it would hash itself
+        release = subprocess.run(
+            [
+                "apt-ftparchive",
+                "-o",
+                f"APT::FTPArchive::Release::Origin={ORIGIN}",
+                "-o",
+                f"APT::FTPArchive::Release::Label={LABEL}",
+                "-o",
+                "APT::FTPArchive::Release::Architectures=amd64",
+                "release",
+                ".",
+            ],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+        ).stdout
+        (work / "Release").write_bytes(release)
+        # a short GNUPGHOME path: gpg-agent's socket path must fit in sun_path
+        home = Path(tempfile.mkdtemp(prefix="gpg-", dir="/tmp"))
+        try:
+            home.chmod(0o700)
+            _gpg(
+                home,
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+                "--quick-gen-key",
+                KEY_UID,
+                "ed25519",
+                "sign",
+                "never",
+            )
+            listing = _gpg(home, "--with-colons", "--list-keys").stdout.decode()
+            fpr = next(
+                line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")
+            )
+            _gpg(home, "--clearsign", "-o", str(work / "InRelease"), str(work / "Release"))
+            _gpg(home, "-abs", "-o", str(work / "Release.gpg"), str(work / "Release"))
+            keyring = _gpg(home, "--export", fpr).stdout  # binary, like NVIDIA's keyring
+        finally:
+            subprocess.run(
+                ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"],
+                check=False,
+                capture_output=True,
+            )
+            shutil.rmtree(home, ignore_errors=True)
+        for name in ("Release", "InRelease", "Release.gpg"):
+            shutil.copy(work / name, repo / name)
+    (repo / KEYRING_NAME).write_bytes(keyring)
+    meta = {"key_fingerprint": fpr, "packages": len(debs), "distro": DISTRO}
+    (dest / "meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def ensure_repo(
+    base: Path, rebuild: bool = False, progress: Progress = lambda message: None
+) -> Path:
+    """The built repository for the current inputs (cached under ``base``); its root dir."""
+    debs = all_packages()
+    digest = _input_digest(debs)
+    dest = base / digest
+    if (dest / "meta.json").exists() and not rebuild:
+        return dest
+    base.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    progress(f"building the stand-in NVIDIA repository ({len(debs)} packages)")
+    tmp = base / f".building-{digest}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        build_repo(tmp, debs)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in base.iterdir():  # repositories of older inputs (small: delete now)
+        if old != dest and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    progress(f"stand-in repository built in {time.monotonic() - started:.1f} s")
+    return dest
+
+
+def repo_facts(root: Path, port: int) -> dict[str, Any]:
+    """The box.json facts of a built repository served on 127.0.0.1:``port``."""
+    meta = json.loads((root / "meta.json").read_text())
+    base = f"http://127.0.0.1:{port}/{URL_PATH}"
+    return {
+        "repo_root": str(root),
+        "repo_url": base,
+        "repo_distro": meta["distro"],
+        "repo_suite": "/",
+        "repo_origin": ORIGIN,
+        "repo_label": LABEL,
+        "key_url": base + KEYRING_NAME,
+        "key_fingerprint": meta["key_fingerprint"],
+    }
+
+
+# --------------------------------------------------------------------------- serving
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {self.address_string()} {format % args}\n")
+        sys.stderr.flush()
+
+
+def _same_process(pid: int, start_time: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0] != "Z" and int(fields[19]) == start_time
+
+
+def serve(root: Path, bind: str, port: int, watch: tuple[int, int] | None = None) -> int:
+    """Serve ``root`` until SIGTERM, or until the watched process (the box's supervisor) is
+    gone. Requests are handled one at a time with a 1 s poll, so the loop always ends."""
+    stop = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    handler = functools.partial(_Handler, directory=str(root))
+    http.server.ThreadingHTTPServer.allow_reuse_address = True
+    with http.server.ThreadingHTTPServer((bind, port), handler) as httpd:
+        httpd.daemon_threads = True
+        httpd.timeout = 1.0
+        print(
+            f"{time.strftime('%H:%M:%S')} serving {root} on http://{bind}:{port}/",
+            file=sys.stderr,
+            flush=True,
+        )
+        while not stop:
+            if watch and not _same_process(*watch):
+                print("the box's supervisor is gone: stopping", file=sys.stderr, flush=True)
+                break
+            with contextlib.suppress(InterruptedError):
+                httpd.handle_request()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpubox.sandbox.repo")
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="build (or reuse) the stand-in repository")
+    build.add_argument("--cache", type=Path, required=True)
+    build.add_argument("--rebuild", action="store_true")
+    srv = sub.add_parser("serve", help="serve a built repository (in the box's namespace)")
+    srv.add_argument("--root", type=Path, required=True)
+    srv.add_argument("--bind", default="127.0.0.1")
+    srv.add_argument("--port", type=int, required=True)
+    srv.add_argument("--watch-pid", type=int)
+    srv.add_argument("--watch-start-time", type=int)
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        root = ensure_repo(args.cache, args.rebuild, lambda m: print(m, file=sys.stderr))
+        print(json.dumps(repo_facts(root, 8765), indent=1))
+        return 0
+    watch = (args.watch_pid, args.watch_start_time) if args.watch_pid else None
+    return serve(args.root, args.bind, args.port, watch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""End to end on the sandbox box: refused runs change nothing; a fresh box converges and
+verifies; a second deploy changes nothing; drift is detected and repaired; faults that
+configuration cannot repair are detected and named. The tests run in order on one box."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import box_sh, plant
+
+from gpubox import demo
+from gpubox.sandbox.standin import state as standin_state
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
+
+SNAPSHOT = (
+    "dpkg -l | sha256sum; "
+    "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum"
+)
+
+
+def failed_checks(run: demo.CheckRun) -> dict[str, str]:
+    """test name -> its failure message."""
+    return run.failures
+
+
+def test_refused_runs_leave_the_box_unchanged():
+    before = box_sh(SNAPSHOT)
+    bad_key = demo.deploy(extra=("--data", "driver_brach=570"))
+    assert bad_key.rc != 0
+    assert "driver_brach: unknown key; did you mean 'driver_branch'?" in bad_key.output
+    too_many = demo.deploy(extra=("--data", "gpu_count=4"))
+    assert too_many.rc != 0
+    assert "gpu_count: lspci shows 2 Tesla V100-SXM2-32GB (gpu_count is 4)" in too_many.output
+    assert box_sh(SNAPSHOT) == before
+
+
+def test_first_deploy_converges_and_the_checks_pass():
+    run = demo.deploy()
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    assert run.changed > 10
+    assert box_sh("cat /run/gpubox-standin/loaded-driver").split()[0] == "570.211.01"
+    checks = demo.checks()
+    assert checks.rc == 0 and checks.failed == 0 and checks.passed >= 15, checks.output[-4000:]
+
+
+def test_second_deploy_changes_nothing_and_the_checks_still_pass():
+    run = demo.deploy()
+    assert run.no_change, f"changed: {run.changed_names}\n{run.output[-2000:]}"
+    checks = demo.checks()
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+
+
+def test_drift_to_580_and_persistence_off_is_detected_then_repaired():
+    packages = box_sh("apt-mark showhold").split()
+    assert "nvidia-driver-cuda" in packages
+    box_sh("apt-mark unhold " + " ".join(packages))
+    # Force the 580 stand-ins in, as a careless `apt install` of a newer driver would.
+    box_sh(
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+        + " ".join(f"{p}=580.105.08-1" for p in packages)
+    )
+    box_sh("systemctl stop nvidia-persistenced")
+    checks = demo.checks()
+    failed = failed_checks(checks)
+    for name in (
+        "test_driver_packages_at_the_pinned_version",
+        "test_driver_packages_are_held",
+        "test_no_other_branch_no_other_flavour_no_driver_metas",
+        "test_nvidia_persistenced_is_active",
+        "test_loaded_driver_is_the_installed_one",
+    ):
+        assert name in failed, f"{name} did not fail:\n{checks.output[-4000:]}"
+    assert "580.105.08-1" in failed["test_driver_packages_at_the_pinned_version"]
+
+    run = demo.deploy()
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    checks = demo.checks()
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+
+
+def test_a_missing_gpu_is_detected_and_named():
+    plant(lambda s: standin_state.set_gpu_present(s, 1, False))
+    try:
+        failed = failed_checks(demo.checks(extra=("-m", "gpu")))
+        assert (
+            "nvidia-smi lists 1 GPU(s), expected 2 Tesla V100-SXM2-32GB"
+            in failed["test_nvidia_smi_lists_the_gpus"]
+        )
+        assert (
+            "topo -m shows 1 GPU(s), expected 2"
+            in failed["test_topology_joins_every_gpu_pair_by_nvlink"]
+        )
+        assert "GPU 1 reports no NVLink links" in failed["test_nvlink_links_are_active"]
+    finally:
+        plant(lambda s: standin_state.set_gpu_present(s, 1, True))
+
+
+def test_an_nvlink_link_down_is_detected_and_named():
+    plant(lambda s: standin_state.set_link_active(s, 0, 2, False))
+    try:
+        failed = failed_checks(demo.checks(extra=("-m", "gpu")))
+        message = failed["test_nvlink_links_are_active"]
+        assert "GPU 0: 1 NVLink link(s) active, expected 2 (active: 0; inactive: 1, 2," in message
+        assert "GPU 1: 1 NVLink link(s) active, expected 2 (active: 1; inactive: 0, 2," in message
+        # the pair is still joined by its other link (NV1): only the link check fails
+        assert set(failed) == {"test_nvlink_links_are_active"}
+    finally:
+        plant(lambda s: standin_state.set_link_active(s, 0, 2, True))
+    checks = demo.checks(extra=("-m", "gpu"))
+    assert checks.rc == 0, checks.output[-3000:]

@@ -1,0 +1,167 @@
+"""The sandbox box end to end: up, SSH, systemd, the stand-in NVIDIA repository, a real
+reboot, and a down that leaves nothing behind.
+
+The tests run in file order against one box. The first run on a machine builds the root
+filesystem (about 75 s on 2 cores); after that `up` takes a few seconds. Timings are printed
+(run with -s to see them), never asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpubox
+from gpubox import catalog, sandbox
+from gpubox.sandbox import box, cli
+
+pytestmark = pytest.mark.integration
+
+DRIVER = "570.211.01"
+TEMPTATION = "580.105.08"
+KEYRING = "/usr/share/keyrings/gpubox-test-nvidia-cuda.gpg"
+
+
+def _timing(what: str, seconds: float) -> None:
+    print(f"\n[sandbox timing] {what}: {seconds:.2f} s")
+
+
+@pytest.fixture(scope="module")
+def info() -> Iterator[dict[str, Any]]:
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox needs root (debootstrap, systemd-nspawn, ip netns)")
+    box.check_host()  # a missing host package is an error naming it, not a skip
+    if os.path.exists(box.NETNS_PATH) or box._read_state(box.state_dir()):
+        sandbox.down()  # start from a known state: this module tests up and down themselves
+    started = time.monotonic()
+    facts = sandbox.up()
+    _timing("up", time.monotonic() - started)
+    yield facts
+    if box._read_state(box.state_dir()) is not None:  # a test failed before test_down
+        sandbox.down()
+
+
+def test_ssh_reaches_the_box(info: dict[str, Any]) -> None:
+    assert sandbox.ssh("hostname", info=info).stdout.strip() == sandbox.NAME
+    assert cli.main(["ssh", "--", "exit 3"]) == 3  # the exit status is passed through
+
+
+def test_systemd_is_running(info: dict[str, Any]) -> None:
+    result = sandbox.ssh("systemctl is-system-running", check=False, info=info)
+    assert result.stdout.strip() == "running", sandbox.ssh("systemctl --failed", info=info).stdout
+
+
+def test_box_json_holds_the_connection_facts(info: dict[str, Any]) -> None:
+    assert sandbox.box_info() == info
+    assert info["ssh_hostname"] == "127.0.0.1"
+    assert info["ssh_user"] == "root"
+    assert Path(info["ssh_key"]).exists()
+    assert Path(info["ssh_known_hosts_file"]).exists()
+    assert f"Host {info['ssh_host_alias']}" in Path(info["ssh_config"]).read_text()
+    assert info["repo_url"] == "http://127.0.0.1:8765/nvidia/{distro}/x86_64/"
+    assert info["key_url"] == info["repo_url"] + "cuda-archive-keyring.gpg"
+    assert len(info["key_fingerprint"]) == 40
+
+
+def test_exec_runs_host_commands_where_the_box_is_127_0_0_1(info: dict[str, Any]) -> None:
+    # how pyinfra and testinfra reach the box: from inside its network namespace
+    ssh = ["ssh", "-F", info["ssh_config"], info["ssh_host_alias"], "hostname"]
+    result = subprocess.run(
+        [sys.executable, "-m", "gpubox.sandbox.cli", "exec", "--", *ssh],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(Path(gpubox.__file__).parents[1])),
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == sandbox.NAME
+
+
+def test_stand_in_repository_and_debian_mirror(info: dict[str, Any]) -> None:
+    url = info["repo_url"].format(distro=info["repo_distro"])
+    key_url = info["key_url"].format(distro=info["repo_distro"])
+    script = f"""set -e
+        curl -fsS -o {KEYRING} {key_url}
+        gpg --show-keys --with-colons {KEYRING} | grep '^fpr' | head -1 | cut -d: -f10
+        echo "deb [signed-by={KEYRING}] {url} /" > /etc/apt/sources.list.d/gpubox-test.list
+        sed -i 's/^Components: main$/& contrib/' /etc/apt/sources.list.d/debian.sources
+        apt-get update --error-on=any -qq
+        apt-cache policy nvidia-driver-cuda cuda-drivers
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nvtop >/dev/null
+        nvtop --version
+    """
+    started = time.monotonic()
+    out = sandbox.ssh(script, info=info).stdout
+    _timing("apt-get update + nvtop install", time.monotonic() - started)
+    assert out.splitlines()[0] == info["key_fingerprint"]
+    policy = out.split("cuda-drivers:")[0]
+    assert f"{DRIVER}-1" in policy and f"{TEMPTATION}-1" in policy  # both branches served
+    assert "nvtop version 3." in out  # Debian contrib, through the bridged mirror
+
+
+def test_hardware_stand_ins_and_faults(info: dict[str, Any]) -> None:
+    def nvidia_slots() -> list[str]:
+        out = sandbox.ssh("lspci -D -d 10de:", info=info).stdout
+        return [line.split()[0] for line in out.splitlines()]
+
+    assert {"0000:07:00.0", "0000:08:00.0", "0000:09:00.0"} <= set(nvidia_slots())
+    sandbox.plant_fault("gpu-missing", gpu=1, info=info)
+    try:
+        assert "0000:08:00.0" not in nvidia_slots()
+    finally:
+        sandbox.clear_faults(info=info)
+    assert "0000:08:00.0" in nvidia_slots()
+
+
+def test_a_new_driver_loads_after_a_real_reboot(info: dict[str, Any]) -> None:
+    # every package at name=version, as the driver stage installs them: the (= version)
+    # dependencies alone do not make apt leave the newer candidate (580)
+    names = catalog.load()["driver"]["packages"]["debian"]
+    pkgs = " ".join(f"{p}={DRIVER}-1" for p in names["common"] + names["proprietary"])
+    sandbox.ssh(
+        f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {pkgs} >/dev/null", info=info
+    )
+    before = sandbox.ssh("nvidia-smi", check=False, info=info)
+    assert before.returncode == 9, before.stdout  # installed, not loaded: no driver to talk to
+    boot_id = sandbox.ssh("cat /proc/sys/kernel/random/boot_id", info=info).stdout.strip()
+    first_nspawn = box._nspawn_record(Path(info["state_dir"]))
+
+    started = time.monotonic()
+    sandbox.ssh("systemctl reboot", check=False, info=info)  # the connection may drop: 255
+    assert sandbox.wait_ready(info=info, since_boot_id=boot_id) == "running"
+    _timing("reboot (systemctl reboot -> running)", time.monotonic() - started)
+
+    after = sandbox.ssh("cat /proc/sys/kernel/random/boot_id; nvidia-smi -L", info=info).stdout
+    assert after.split()[0] != boot_id
+    assert after.count("Tesla V100-SXM2-32GB") == 2
+    assert box._nspawn_record(Path(info["state_dir"])) != first_nspawn  # a new nspawn
+    assert box._alive(info["processes"]["supervisor"])  # under the same supervisor
+
+
+def test_down_leaves_nothing_behind(info: dict[str, Any]) -> None:
+    records = dict(info["processes"])
+    records["nspawn_now"] = box._nspawn_record(Path(info["state_dir"]))
+    rootfs = Path(info["rootfs"])
+    namespace = box.box_pid_namespace(records["nspawn_now"])
+    assert box.processes_in_namespace(namespace)  # the box's processes, seen from the host
+
+    started = time.monotonic()
+    report = sandbox.down()
+    _timing("down", time.monotonic() - started)
+
+    assert report["was_up"]
+    assert [name for name, rec in records.items() if box._alive(rec)] == []
+    assert report["pid_namespace"] == namespace
+    assert box.processes_in_namespace(namespace) == []
+    assert box.mounts_under(rootfs) == []
+    assert not os.path.exists(box.NETNS_PATH)
+    assert not (Path(info["state_dir"]) / "mirror.sock").exists()
+    with pytest.raises(sandbox.SandboxNotUp, match="sandbox is not up: run gpubox sandbox up"):
+        sandbox.box_info()
