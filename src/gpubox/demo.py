@@ -21,8 +21,16 @@ INVENTORY = "inventories/sandbox.py"
 BIN = Path(sys.executable).parent
 
 
-def sandbox(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "gpubox"), "sandbox", *args], cwd=ROOT, check=check, text=True)
+def sandbox(
+    *args: str, check: bool = True, quiet: bool = False
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "gpubox"), "sandbox", *args],
+        cwd=ROOT,
+        check=check,
+        text=True,
+        capture_output=quiet,
+    )
 
 
 def in_netns(argv: list[str]) -> list[str]:
@@ -39,6 +47,7 @@ class DeployRun:
     errors: int = 0
     failed_hosts: list[str] = field(default_factory=list)
     changed_names: list[str] = field(default_factory=list)
+    stages: list[str] = field(default_factory=list)  # the @deploy names, in order
     output: str = ""
 
     @property
@@ -62,6 +71,9 @@ def deploy(
     results = data.get("results", {})
     for op in results.get("operations", []):
         run.operations += 1
+        stage = op.get("name", "").split(" | ")[0] if " | " in op.get("name", "") else ""
+        if stage and stage not in run.stages:
+            run.stages.append(stage)
         if op.get("success"):
             run.changed += 1
             run.changed_names.append(op.get("name", "?"))
@@ -119,8 +131,11 @@ def checks(inventory: str = INVENTORY, extra: tuple[str, ...] = ()) -> CheckRun:
 
 def main() -> int:
     start = time.monotonic()
-    print("== gpubox demo: sandbox box up", flush=True)
-    sandbox("up")
+    if sandbox("status", check=False, quiet=True).returncode == 0:
+        print("== gpubox demo: reusing the sandbox box that is up (make demo-down stops it)")
+    else:
+        print("== gpubox demo: sandbox box up (the root filesystem is cached)", flush=True)
+        sandbox("up")
     print("== deploy/full.py against the sandbox box", flush=True)
     run = deploy()
     if run.rc != 0 or run.failed_hosts:

@@ -523,7 +523,7 @@ def parse_lspci(text: str) -> list[PciDevice]:
 class AptPolicyVersion:
     version: str
     priority: int  # the version's pin priority (1001, 500, 100, -1, ...)
-    sources: list[str]  # "http://deb.debian.org/debian bookworm/main amd64 Packages", ...
+    sources: list[str]  # "http://mirror.example.org/debian bookworm/main amd64 Packages", ...
     source_priorities: list[int] = field(default_factory=list)  # one per source
     installed: bool = False  # marked "***"
 

@@ -14,6 +14,8 @@ from gpubox.config import HostConfig, Problem, Target, target_for
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller
 
+_warned: set[str] = set()
+
 
 def evaluate(
     config: HostConfig,
@@ -129,7 +131,8 @@ def run(config: HostConfig) -> Target:
 
     problems = gather(config)
     for problem in problems:
-        if problem.severity == "warning":
+        if problem.severity == "warning" and str(problem) not in _warned:
+            _warned.add(str(problem))  # each stage preflights; say a warning once
             logger.warning(f"preflight warning: {problem}")
     errors = [p for p in problems if p.severity == "error"]
     if errors:

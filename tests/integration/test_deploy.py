@@ -13,7 +13,7 @@ from gpubox.sandbox.standin import state as standin_state
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
 
 SNAPSHOT = (
-    "dpkg -l | sha256sum; "
+    "set -o pipefail; dpkg -l | sha256sum; "
     "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum"
 )
 

@@ -413,7 +413,9 @@ def test_apt_policy_pins_none_and_installed_marker():
     assert [(v.version, v.priority, v.sources, v.source_priorities) for v in pinned] == [
         ("7.88.1-10+deb12u14", 1001, ["/var/lib/dpkg/status"], [100])
     ]
-    assert curl.versions[0].sources == ["http://deb.debian.org/debian bookworm/main amd64 Packages"]
+    assert curl.versions[0].sources == [
+        "http://mirror.example.org/debian bookworm/main amd64 Packages"
+    ]
     assert [(v.version, v.priority) for v in policy["bash"].versions] == [
         ("5.2.15-2+b13", -1),
         ("5.2.15-2+b8", 100),
