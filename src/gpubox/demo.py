@@ -146,6 +146,7 @@ def main() -> int:
     result = checks()
     print(result.output)
     print("== summary")
+    print(f"  stages:  {', '.join(run.stages) or 'none'} converged")
     print(
         f"  deploy:  {run.operations} operations, {run.changed} changed, {run.seconds:.1f}s"
         + ("  (converged: nothing to change)" if run.no_change else "")

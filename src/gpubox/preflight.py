@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,8 @@ from gpubox.config import HostConfig, Problem, Target, target_for
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller
 
-_warned: set[str] = set()
+# Hosts that passed preflight in this run (every stage preflights; the first one checks).
+_passed: weakref.WeakKeyDictionary[Any, dict[str, Target]] = weakref.WeakKeyDictionary()
 
 
 def evaluate(
@@ -108,36 +110,33 @@ def evaluate(
     return problems
 
 
-def gather(config: HostConfig) -> list[Problem]:
-    from pyinfra import host
+def run(config: HostConfig) -> Target:
+    """Preflight the current host (once per run): log warnings, raise on errors, return its
+    target."""
+    from pyinfra import host, logger
 
     from gpubox.facts import NvidiaPciDevices, OsRelease, SecureBoot, UserId
+    from gpubox.stages import DeployRefused
 
-    return evaluate(
+    passed = _passed.setdefault(host.state, {})
+    if host.name in passed:
+        return passed[host.name]
+    os_release = host.get_fact(OsRelease)
+    problems = evaluate(
         config,
-        host.get_fact(OsRelease),
+        os_release,
         host.get_fact(NvidiaPciDevices),
         host.get_fact(SecureBoot),
         host.get_fact(UserId),
     )
-
-
-def run(config: HostConfig) -> Target:
-    """Preflight the current host: log warnings, raise on errors, return its target."""
-    from pyinfra import host, logger
-
-    from gpubox.facts import OsRelease
-    from gpubox.stages import DeployRefused
-
-    problems = gather(config)
     for problem in problems:
-        if problem.severity == "warning" and str(problem) not in _warned:
-            _warned.add(str(problem))  # each stage preflights; say a warning once
+        if problem.severity == "warning":
             logger.warning(f"preflight warning: {problem}")
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         lines = "\n".join(f"  - {p}" for p in errors)
         raise DeployRefused(f"preflight failed, nothing was changed:\n{lines}")
-    target = target_for(host.get_fact(OsRelease), config.catalog)
+    target = target_for(os_release, config.catalog)
     assert target is not None
+    passed[host.name] = target
     return target

@@ -7,6 +7,7 @@ refused run changes nothing on any host.
 
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 from typing import Any
@@ -60,3 +61,32 @@ def render(template: str, **values: Any) -> str:
 
 def as_file(text: str) -> io.StringIO:
     return io.StringIO(text)
+
+
+class _Unchanged:
+    """What a managed file that needs no operation reports to `_if` conditions."""
+
+    @staticmethod
+    def did_change() -> bool:
+        return False
+
+
+class ManagedFiles:
+    """A stage's small managed files (content rendered here), checked in one fact; an upload
+    operation is added only for a file whose content or mode differs."""
+
+    def __init__(self, files: dict[str, str], mode: str = "0644"):
+        from gpubox.facts import FileDigests
+
+        self.files = files
+        self.mode = mode
+        self.current = host.get_fact(FileDigests, paths=tuple(sorted(files)))
+
+    def put(self, name: str, dest: str) -> Any:
+        from pyinfra.operations import files
+
+        content = self.files[dest]
+        want = (self.mode.lstrip("0") or "0", hashlib.sha256(content.encode()).hexdigest())
+        if self.current.get(dest) == want:
+            return _Unchanged()
+        return files.put(name=name, src=as_file(content), dest=dest, mode=self.mode)

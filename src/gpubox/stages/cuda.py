@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import apt, server
 
 from gpubox import operations, preflight
 from gpubox.config import HostConfig
-from gpubox.stages import Target, as_file, current_config, render
+from gpubox.stages import ManagedFiles, Target, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
 
 PROFILE_FILE = "/etc/profile.d/gpubox-cuda.sh"
@@ -79,18 +79,9 @@ def cuda() -> None:
         no_recommends=True,
         allow_downgrades=True,
     )
-    files.put(
-        name=f"CUDA {config.cuda_version} on PATH for login shells",
-        src=as_file(p.profile),
-        dest=PROFILE_FILE,
-        mode="0644",
-    )
-    ld = files.put(
-        name=f"CUDA {config.cuda_version} libraries in the linker path",
-        src=as_file(p.ld_conf),
-        dest=LD_FILE,
-        mode="0644",
-    )
+    managed = ManagedFiles({PROFILE_FILE: p.profile, LD_FILE: p.ld_conf})
+    managed.put(f"CUDA {config.cuda_version} on PATH for login shells", PROFILE_FILE)
+    ld = managed.put(f"CUDA {config.cuda_version} libraries in the linker path", LD_FILE)
     server.shell(name="ldconfig", commands=["ldconfig"], _if=ld.did_change)
     operations.cuda_symlink(name=f"/usr/local/cuda -> {p.prefix}", prefix=p.prefix)
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import KernelVersion
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import apt, server, systemd
 
 from gpubox import operations, preflight
 from gpubox.config import DriverPackages, HostConfig
 from gpubox.facts import KernelModuleLoaded, LoadedDriver
-from gpubox.stages import FILES, Target, as_file, current_config, render
+from gpubox.stages import FILES, ManagedFiles, Target, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
 
 PIN_FILE = "/etc/apt/preferences.d/90-gpubox-nvidia-driver"
@@ -62,18 +62,19 @@ def driver() -> None:
     p = plan(config, target)
     pkgs = p.packages
 
-    pin = files.put(
-        name="Pin the NVIDIA driver to one exact version",
-        src=as_file(p.pin),
-        dest=PIN_FILE,
-        mode="0644",
+    managed = ManagedFiles(
+        {
+            PIN_FILE: p.pin,
+            UNATTENDED_FILE: p.unattended,
+            NOUVEAU_FILE: (FILES / "blacklist-nouveau.conf").read_text(),
+            PERSISTENCED_DROPIN: render(
+                "nvidia-persistenced.conf.j2", persistence_mode=config.persistence_mode
+            ),
+            PERSISTENCED_WANTED: render("nvidia-persistenced-wanted.conf.j2"),
+        }
     )
-    files.put(
-        name="Keep unattended-upgrades off the pinned driver",
-        src=as_file(p.unattended),
-        dest=UNATTENDED_FILE,
-        mode="0644",
-    )
+    pin = managed.put("Pin the NVIDIA driver to one exact version", PIN_FILE)
+    managed.put("Keep unattended-upgrades off the pinned driver", UNATTENDED_FILE)
     nvidia_repo(config, target, also_changed=[pin])
 
     if config.driver_kernel_headers:
@@ -96,33 +97,16 @@ def driver() -> None:
     )
     operations.apt_hold(name="Hold the driver packages", packages=pkgs.installed)
 
-    nouveau = files.put(
-        name="Blacklist nouveau",
-        src=str(FILES / "blacklist-nouveau.conf"),
-        dest=NOUVEAU_FILE,
-        mode="0644",
-    )
+    nouveau = managed.put("Blacklist nouveau", NOUVEAU_FILE)
     server.shell(
         name="Rebuild the initramfs without nouveau",
         commands=["update-initramfs -u"],
         _if=nouveau.did_change,
     )
 
-    dropin = files.put(
-        name="nvidia-persistenced: persistence mode "
-        + ("on" if config.persistence_mode else "off"),
-        src=as_file(
-            render("nvidia-persistenced.conf.j2", persistence_mode=config.persistence_mode)
-        ),
-        dest=PERSISTENCED_DROPIN,
-        mode="0644",
-    )
-    wanted = files.put(
-        name="Start nvidia-persistenced at boot",
-        src=as_file(render("nvidia-persistenced-wanted.conf.j2")),
-        dest=PERSISTENCED_WANTED,
-        mode="0644",
-    )
+    mode = "on" if config.persistence_mode else "off"
+    dropin = managed.put(f"nvidia-persistenced: persistence mode {mode}", PERSISTENCED_DROPIN)
+    wanted = managed.put("Start nvidia-persistenced at boot", PERSISTENCED_WANTED)
     systemd.daemon_reload(
         name="Reload systemd units", _if=lambda: dropin.did_change() or wanted.did_change()
     )

@@ -3,18 +3,19 @@ whose fingerprint the catalog pins, one source file, and apt update only when th
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from pyinfra import host
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt
 from pyinfra.operations.util import any_changed
 
 from gpubox import operations
 from gpubox.config import HostConfig
-from gpubox.stages import Target, as_file
+from gpubox.stages import ManagedFiles, Target
 
 # Hosts whose repository was already handled in this run (driver and cuda both need it).
-_done: set[str] = set()
+_done: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 def source_line(config: HostConfig, target: Target) -> str:
@@ -24,10 +25,10 @@ def source_line(config: HostConfig, target: Target) -> str:
 
 
 def nvidia_repo(config: HostConfig, target: Target, also_changed: list[Any] | None = None) -> None:
-    key = f"{id(host.state)}:{host.name}"
-    if key in _done:
+    done = _done.setdefault(host.state, set())
+    if host.name in done:
         return
-    _done.add(key)
+    done.add(host.name)
     repo = config.catalog["repos"]["nvidia_cuda"]
     changed = list(also_changed or [])
     if target.family == "debian":
@@ -45,12 +46,6 @@ def nvidia_repo(config: HostConfig, target: Target, also_changed: list[Any] | No
             fingerprint=repo["key_fingerprint"],
         )
     )
-    changed.append(
-        files.put(
-            name=f"NVIDIA CUDA repository ({target.distro})",
-            src=as_file(source_line(config, target)),
-            dest=repo["source_file"],
-            mode="0644",
-        )
-    )
+    managed = ManagedFiles({repo["source_file"]: source_line(config, target)})
+    changed.append(managed.put(f"NVIDIA CUDA repository ({target.distro})", repo["source_file"]))
     apt.update(name="apt update (sources, keys or pins changed)", _if=any_changed(*changed))
