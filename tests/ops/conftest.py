@@ -60,6 +60,7 @@ def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
 @dataclass
 class Plan:
     ops: list[tuple[str, list[str]]]
+    conditional: set[str]  # names of the operations that run only `_if` a condition holds
 
     @property
     def commands(self) -> list[str]:
@@ -104,13 +105,17 @@ def make_plan(stage, data: dict[str, object], answers: dict[object, object]) -> 
     with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
         stage()
     ops: list[tuple[str, list[str]]] = []
+    conditional: set[str] = set()
     for op_hash in state.get_op_order():
         meta = state.op_meta[op_hash]
         with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
             data_for_host = state.get_op_data_for_host(host, op_hash)
             commands = [str(c) for c in data_for_host.command_generator()]
-        ops.append((", ".join(sorted(meta.names)), commands))
-    return Plan(ops)
+        name = ", ".join(sorted(meta.names))
+        ops.append((name, commands))
+        if data_for_host.global_arguments.get("_if"):
+            conditional.add(name)
+    return Plan(ops, conditional)
 
 
 @pytest.fixture
