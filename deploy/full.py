@@ -1,12 +1,20 @@
 """Converge a box: pyinfra INVENTORY deploy/full.py (safe to re-run).
 
 The inventory is validated first (every host, every problem at once), then each stage
-preflights its host; a refused run changes nothing."""
+preflights its host; a refused run changes nothing. Burn-in is separate: deploy/burnin.py."""
 
 from gpubox.stages import current_config
+from gpubox.stages.container_toolkit import container_toolkit
 from gpubox.stages.cuda import cuda
+from gpubox.stages.dcgm import dcgm
+from gpubox.stages.docker import docker
 from gpubox.stages.driver import driver
+from gpubox.stages.tools import tools
 
 current_config()
 driver()
 cuda()
+docker()
+container_toolkit()
+dcgm()
+tools()

@@ -30,6 +30,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_burnin(args: argparse.Namespace) -> int:
+    """Run deploy/burnin.py against the inventory (pyinfra, as a user would type it)."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pyinfra = Path(sys.executable).parent / "pyinfra"
+    argv = [str(pyinfra), "-y", args.inventory, str(root / "deploy" / "burnin.py")]
+    if args.seconds is not None:
+        argv[2:2] = ["--data", f"burnin_seconds={args.seconds}"]
+    os.execv(argv[0], argv)
+    return 1  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sandbox"]:
@@ -41,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="validate an inventory offline (no host is contacted)")
     check.add_argument("inventory")
     check.set_defaults(func=cmd_check)
+    burnin = sub.add_parser("burnin", help="burn in every host's GPUs (gpu-burn, dcgmi diag)")
+    burnin.add_argument("inventory")
+    burnin.add_argument("--seconds", type=int, help="override burnin_seconds")
+    burnin.set_defaults(func=cmd_burnin)
     sub.add_parser("sandbox", help="the local sandbox box: up|down|status|ssh|exec")
     args = parser.parse_args(argv)
     return int(args.func(args))

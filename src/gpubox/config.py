@@ -7,6 +7,7 @@ deploy and verify can never disagree about what the box should be.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,59 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("reboot_timeout", int, 900, "seconds to wait for the box to come back after a reboot"),
     Key("persistence_mode", bool, True, "run nvidia-persistenced with persistence mode on"),
+    # Stage docker
+    Key(
+        "docker_source",
+        str,
+        "docker",
+        "'docker' (Docker's apt repository) or 'distro' (the distribution's docker.io)",
+        choices=("docker", "distro"),
+    ),
+    Key(
+        "docker_keep_existing",
+        bool,
+        True,
+        "keep a Docker that is already installed and running (e.g. a panel's) and only "
+        "configure it",
+    ),
+    Key("docker_registry_mirrors", list, [], "registry mirrors merged into daemon.json"),
+    Key(
+        "docker_daemon_options",
+        dict,
+        {},
+        "other daemon.json keys gpubox sets (keys it does not set are never touched)",
+    ),
+    Key("docker_default_runtime_nvidia", bool, False, "make nvidia Docker's default runtime"),
+    Key(
+        "docker_check_image",
+        str,
+        "ubuntu:24.04",
+        "image the host checks start GPU containers from (pulled once if absent)",
+    ),
+    # Stage dcgm
+    Key("dcgm_exporter", bool, False, "run dcgm-exporter (a container) for Prometheus"),
+    Key("dcgm_exporter_address", str, "127.0.0.1", "address dcgm-exporter listens on"),
+    Key("dcgm_exporter_port", int, 9400, "port dcgm-exporter listens on"),
+    # Stage tools
+    Key(
+        "gpu_burn_compute",
+        int,
+        None,
+        "COMPUTE for gpu-burn's build (default: the GPUs' compute capability, 70 on V100)",
+    ),
+    # Stage burnin
+    Key("burnin_seconds", int, 60, "gpu-burn run time per burn-in"),
+    Key("burnin_doubles", bool, True, "burn with doubles (gpu-burn -d)"),
+    Key("burnin_tensor_cores", bool, False, "try tensor cores (gpu-burn -tc)"),
+    Key(
+        "burnin_dcgm_level",
+        int,
+        2,
+        "dcgmi diag -r level after gpu-burn (1-4)",
+        choices=(1, 2, 3, 4),
+    ),
+    Key("burnin_required", bool, False, "host checks require a passing, recent burn-in"),
+    Key("burnin_max_age_days", int, 30, "how old a burn-in record the host checks accept"),
     Key(
         "catalog_overrides",
         dict,
@@ -249,7 +303,7 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
 
     for key in KEYS:
         if key.name not in values and key.derive is None:
-            values[key.name] = key.default
+            values[key.name] = copy.deepcopy(key.default)
 
     # The catalog, with this host's overrides.
     try:

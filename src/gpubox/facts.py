@@ -4,6 +4,7 @@ the same way. Every command exits 0: absence is data, not an error."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -185,3 +186,65 @@ class FileDigests(FactBase[dict[str, tuple[str, str] | None]]):
             path, mode, digest = line.rsplit(" ", 2)
             found[path] = (mode, digest)
         return found
+
+
+class JsonFile(FactBase[dict[str, Any]]):
+    """A JSON file: {"exists": bool, "data": parsed or None, "error": why it is not valid}."""
+
+    def command(self, path: str) -> str:
+        q = shlex.quote(path)
+        return f"if [ -e {q} ]; then echo exists; cat {q}; else echo absent; fi"
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"exists": False, "data": None, "error": None}
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        if not output or output[0].strip() != "exists":
+            return {"exists": False, "data": None, "error": None}
+        text = "\n".join(output[1:])
+        try:
+            data = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError as exc:
+            return {"exists": True, "data": None, "error": str(exc)}
+        if not isinstance(data, dict):
+            return {"exists": True, "data": None, "error": "not a JSON object"}
+        return {"exists": True, "data": data, "error": None}
+
+
+class CommandOutput(FactBase[str]):
+    """The stdout of a read-only command (exit status ignored)."""
+
+    def command(self, command: str) -> str:
+        return f"{command} 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> str:
+        return ""
+
+    def process(self, output: list[str]) -> str:
+        return "\n".join(output)
+
+
+class DockerEngine(FactBase[dict[str, Any]]):
+    """Whether a Docker engine is installed and running, and which package carries it."""
+
+    def command(self) -> str:
+        return (
+            "echo binary=$(command -v dockerd || true); "
+            "echo active=$(systemctl is-active docker 2>/dev/null || true); "
+            'echo package=$(dpkg -S "$(command -v dockerd 2>/dev/null || echo /nonexistent)" '
+            "2>/dev/null | cut -d: -f1 || true)"
+        )
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"binary": None, "active": False, "package": None}
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        values = dict(line.split("=", 1) for line in output if "=" in line)
+        return {
+            "binary": values.get("binary") or None,
+            "active": values.get("active") == "active",
+            "package": values.get("package") or None,
+        }

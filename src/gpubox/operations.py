@@ -3,8 +3,11 @@ through facts and yields nothing (a noop) when the host is already as asked."""
 
 from __future__ import annotations
 
+import io
+import json
 import shlex
 import time
+from typing import Any
 
 from gevent import sleep
 from pyinfra import host, logger
@@ -14,6 +17,7 @@ from gpubox.facts import (
     AptComponentEnabled,
     BootId,
     HeldPackages,
+    JsonFile,
     KeyringFingerprints,
     RealPath,
 )
@@ -138,3 +142,40 @@ def reboot_and_wait(reason: str, timeout: int = 900, interval: float = 2.0):
             sleep(interval)
 
     yield FunctionCommand(_wait, (), {})
+
+
+def merge_json(current: dict[str, Any], values: dict[str, Any], overwrite: bool) -> dict[str, Any]:
+    """``values`` merged into a copy of ``current``, dicts recursively; every key of
+    ``current`` that ``values`` does not name is kept. With ``overwrite`` false a leaf is set
+    only where ``current`` has none."""
+    merged = dict(current)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_json(merged[key], value, overwrite)
+        elif overwrite or key not in merged:
+            merged[key] = value
+    return merged
+
+
+@operation()
+def json_file_merge(
+    path: str, values: dict[str, Any] | None = None, if_missing: dict[str, Any] | None = None
+):
+    """Merge keys into a JSON file (e.g. /etc/docker/daemon.json) that other tools share:
+    read it first, keep every key gpubox does not set, write only when something changes.
+    An invalid file is an error, never silently replaced."""
+    state = host.get_fact(JsonFile, path=path)
+    if state["error"]:
+        raise OperationError(
+            f"{path} is not valid JSON ({state['error']}); gpubox will not replace it: "
+            "fix or remove it, then deploy again"
+        )
+    current = state["data"] or {}
+    merged = merge_json(merge_json(current, values or {}, True), if_missing or {}, False)
+    if state["exists"] and merged == current:
+        host.noop(f"{path} already holds these settings")
+        return
+    from pyinfra.operations import files
+
+    content = json.dumps(merged, indent=4, sort_keys=False) + "\n"
+    yield from files.put._inner(src=io.StringIO(content), dest=path, mode="0644")

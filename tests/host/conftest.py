@@ -25,6 +25,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="pyinfra inventory file whose hosts are checked",
     )
+    parser.addoption(
+        "--burn",
+        action="store_true",
+        default=False,
+        help="also run the checks that load the GPUs (marked burn)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--burn"):
+        return
+    opt_in = pytest.mark.skip(reason="loads the GPUs: opt in with --burn")
+    for item in items:
+        if "burn" in item.keywords:
+            item.add_marker(opt_in)
 
 
 @dataclass

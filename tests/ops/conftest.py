@@ -5,6 +5,7 @@ anything (commands out). This is the Ubuntu 24.04 path's coverage: the sandbox r
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,9 +82,8 @@ class Plan:
         out: list[str] = []
         for command in self.commands:
             if " install " in command and "apt-get" in command and " -s " not in command:
-                out += [
-                    w for w in command.split(" install ", 1)[1].split() if not w.startswith("-")
-                ]
+                words = shlex.split(command.split(" install ", 1)[1])
+                out += [w for w in words if not w.startswith("-")]
         return out
 
 

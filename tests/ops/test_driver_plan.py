@@ -51,7 +51,7 @@ def test_ubuntu_installs_nvidias_exact_570_with_proprietary_modules(plan_of):
 
 def test_ubuntu_repository_is_nvidias_ubuntu2404_with_a_pinned_key(plan_of):
     plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
-    key = plan.op("NVIDIA repository key")[0]
+    key = plan.op("NVIDIA CUDA .* key \\(")[0]
     assert (
         "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"
         "cuda-archive-keyring.gpg" in key
@@ -62,7 +62,7 @@ def test_ubuntu_repository_is_nvidias_ubuntu2404_with_a_pinned_key(plan_of):
     (update,) = [n for n in plan.names if "apt update" in n]
     assert plan.op("apt update") == ["apt-get update"] and update in plan.conditional
     config = load_host_config("box", REFERENCE)
-    from gpubox.stages.nvidia_repo import source_line
+    from gpubox.stages.nvidia_repo import cuda_source_line as source_line
 
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
     assert source_line(config, target) == (
@@ -103,7 +103,7 @@ def test_debian_uses_unsuffixed_names_contrib_and_the_debian12_repository(plan_o
         ["linux-headers-6.8.0-88-generic"] + [f"{n}=570.211.01-1" for n in DEBIAN_570]
     )
     assert plan.op("contrib")  # enabled because the box's sources lack it
-    assert "/repos/debian12/x86_64/" in plan.op("NVIDIA repository key")[0]
+    assert "/repos/debian12/x86_64/" in plan.op("NVIDIA CUDA .* key \\(")[0]
     config = load_host_config("box", REFERENCE)
     target = target_for({"ID": "debian", "VERSION_ID": "12"}, config.catalog)
     pin = driver_stage.plan(config, target).pin
@@ -230,7 +230,7 @@ def converged_ubuntu_box() -> dict[object, object]:
 
     from gpubox.stages import FILES, render
     from gpubox.stages import cuda as cuda_stage
-    from gpubox.stages.nvidia_repo import source_line
+    from gpubox.stages.nvidia_repo import cuda_source_line as source_line
 
     config = load_host_config("box", REFERENCE)
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)

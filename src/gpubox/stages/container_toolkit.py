@@ -1,0 +1,98 @@
+"""Stage: the NVIDIA Container Toolkit for Docker.
+
+NVIDIA's libnvidia-container repository (signed-by keyring, fingerprint pinned), its four
+packages at one catalog version (pinned, held), the `nvidia` runtime registered in
+daemon.json only when it lacks one (merged: every other key kept), Docker reloaded only when
+daemon.json changed, a CDI spec regenerated when the driver version changes, and the
+/dev/char symlinks that keep containers' GPUs across `systemctl daemon-reload`.
+Facts: shared/reference/nvidia-stack.md §3."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import apt, server
+
+from gpubox import operations, preflight
+from gpubox.config import HostConfig
+from gpubox.facts import CommandOutput
+from gpubox.stages import FILES, ManagedFiles, current_config, render
+from gpubox.stages.apt_repo import apt_repo
+from gpubox.stages.docker import DAEMON_JSON, reload_docker
+
+PIN_FILE = "/etc/apt/preferences.d/90-gpubox-nvidia-container-toolkit"
+UDEV_RULE = "/etc/udev/rules.d/71-gpubox-nvidia-dev-char.rules"
+CDI_STAMP = "/var/lib/gpubox/cdi-driver-version"
+# What nvidia-ctk runtime configure writes (nvidia-stack.md §3).
+NVIDIA_RUNTIME = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
+
+
+def runtime_settings(config: HostConfig) -> tuple[dict, dict]:
+    """(keys gpubox sets, keys it sets only where daemon.json has none)."""
+    values = {"default-runtime": "nvidia"} if config.docker_default_runtime_nvidia else {}
+    return values, NVIDIA_RUNTIME
+
+
+@deploy("NVIDIA Container Toolkit")
+def container_toolkit() -> None:
+    config = current_config()
+    target = preflight.run(config)
+    toolkit = config.catalog["container_toolkit"]
+    packages, version = toolkit["packages"], toolkit["version"]
+
+    managed = ManagedFiles(
+        {
+            PIN_FILE: render(
+                "apt-pin-exact.j2",
+                what="the NVIDIA Container Toolkit",
+                version=version,
+                packages=packages,
+            ),
+            UDEV_RULE: (FILES / "71-gpubox-nvidia-dev-char.rules").read_text(),
+        }
+    )
+    pin = managed.put("Pin the container toolkit to one version", PIN_FILE)
+    apt_repo(config, "nvidia_container_toolkit", target, "NVIDIA container toolkit", [pin])
+    apt.packages(
+        name=f"Install the NVIDIA Container Toolkit {version}",
+        packages=[f"{name}={version}" for name in packages],
+        allow_downgrades=True,
+        extra_install_args="--allow-change-held-packages",
+    )
+    operations.apt_hold(name="Hold the container toolkit packages", packages=packages)
+
+    values, if_missing = runtime_settings(config)
+    daemon = operations.json_file_merge(
+        name="daemon.json: the nvidia runtime",
+        path=DAEMON_JSON,
+        values=values,
+        if_missing=if_missing,
+    )
+    reload_docker(daemon, set(values) | set(if_missing))
+
+    spec = toolkit["cdi_spec"]
+    stamp = host.get_fact(
+        CommandOutput, command=f"cat {CDI_STAMP} {spec} >/dev/null && cat {CDI_STAMP}"
+    ).strip()
+    if stamp != config.driver_version:
+        server.shell(
+            name=f"CDI spec for driver {config.driver_version}",
+            commands=[
+                f"nvidia-ctk cdi generate --output={shlex.quote(spec)}",
+                f"mkdir -p $(dirname {CDI_STAMP}) && echo {config.driver_version} > {CDI_STAMP}",
+            ],
+        )
+    managed.put("/dev/char symlinks for NVIDIA devices at every driver load", UDEV_RULE)
+    links = host.get_fact(
+        CommandOutput,
+        command='for d in /dev/nvidia[0-9]* /dev/nvidiactl; do [ -c "$d" ] || continue; '
+        'l=/dev/char/$((0x$(stat -c %t "$d"))):$((0x$(stat -c %T "$d"))); '
+        '[ -e "$l" ] || echo missing; done',
+    )
+    if "missing" in links:
+        server.shell(
+            name="Create the /dev/char symlinks now",
+            commands=["nvidia-ctk system create-dev-char-symlinks --create-all"],
+        )

@@ -1,0 +1,259 @@
+"""Plans of the docker, container toolkit, DCGM and tools stages on Ubuntu 24.04 and
+Debian 12, and the burn-in verdict."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from conftest import REFERENCE, fresh_box
+from pyinfra.api.exceptions import OperationError
+
+from gpubox.operations import merge_json
+from gpubox.stages import burnin as burnin_stage
+from gpubox.stages import container_toolkit as toolkit_stage
+from gpubox.stages import dcgm as dcgm_stage
+from gpubox.stages import docker as docker_stage
+from gpubox.stages import tools as tools_stage
+
+NO_DOCKER = {"echo binary=$(command -v dockerd": ["binary=", "active=inactive", "package="]}
+
+
+def daemon_json(data: object) -> dict[object, object]:
+    text = data if isinstance(data, str) else json.dumps(data)
+    return {"if [ -e /etc/docker/daemon.json ]": ["exists", *text.splitlines()]}
+
+
+def test_docker_from_dockers_repository_on_ubuntu(plan_of):
+    plan = plan_of(docker_stage.docker, REFERENCE, fresh_box("ubuntu2404", **NO_DOCKER))
+    assert "https://download.docker.com/linux/ubuntu/gpg" in plan.op("Docker key")[0]
+    assert "9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in plan.op("Docker key")[0]
+    assert sorted(plan.installs()) == sorted(
+        [
+            "docker-ce=5:28.5.1-1~ubuntu.24.04~noble",
+            "docker-ce-cli=5:28.5.1-1~ubuntu.24.04~noble",
+            "containerd.io=1.7.28-1~ubuntu.24.04~noble",
+            "docker-buildx-plugin=0.29.1-1~ubuntu.24.04~noble",
+            "docker-compose-plugin=2.40.3-1~ubuntu.24.04~noble",
+        ]
+    )
+    from gpubox.config import load_host_config, target_for
+    from gpubox.stages.apt_repo import source_line
+
+    config = load_host_config("b", REFERENCE)
+    target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
+    assert source_line(config, "docker", target) == (
+        "deb [signed-by=/usr/share/keyrings/gpubox-docker.gpg] "
+        "https://download.docker.com/linux/ubuntu noble stable\n"
+    )
+
+
+def test_docker_on_debian_and_from_the_distribution(plan_of):
+    plan = plan_of(docker_stage.docker, REFERENCE, fresh_box("debian12", **NO_DOCKER))
+    assert "docker-ce=5:28.5.1-1~debian.12~bookworm" in plan.installs()
+    distro = plan_of(
+        docker_stage.docker,
+        {**REFERENCE, "docker_source": "distro"},
+        fresh_box("debian12", **NO_DOCKER),
+    )
+    assert distro.installs() == ["docker.io"]
+    assert not [n for n in distro.names if "Docker key" in n]
+
+
+def test_a_running_docker_of_another_origin_is_kept(plan_of):
+    panel = {
+        "echo binary=$(command -v dockerd": ["binary=/usr/bin/dockerd", "active=active", "package="]
+    }
+    plan = plan_of(docker_stage.docker, REFERENCE, fresh_box("ubuntu2404", **panel))
+    assert plan.installs() == []
+    replace = plan_of(
+        docker_stage.docker,
+        {**REFERENCE, "docker_keep_existing": False},
+        fresh_box("ubuntu2404", **panel),
+    )
+    assert "docker-ce=5:28.5.1-1~ubuntu.24.04~noble" in replace.installs()
+
+
+def test_daemon_options_merge_keeps_foreign_keys(plan_of):
+    data = {**REFERENCE, "docker_registry_mirrors": ["https://mirror.example.org"]}
+    answers = fresh_box("ubuntu2404", **NO_DOCKER, **daemon_json({"log-driver": "journald"}))
+    plan = plan_of(docker_stage.docker, data, answers)
+    assert plan.op("daemon.json: registry-mirrors")  # an upload
+    (reload,) = [n for n in plan.names if "Docker (daemon.json changed)" in n]
+    assert reload.startswith("Docker | Reload") and reload in plan.conditional
+
+
+def test_merge_json_semantics():
+    current = {"log-driver": "journald", "runtimes": {"crun": {"path": "crun"}}}
+    merged = merge_json(
+        current, {"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}, overwrite=False
+    )
+    assert merged["log-driver"] == "journald" and set(merged["runtimes"]) == {"crun", "nvidia"}
+    kept = merge_json(
+        {"runtimes": {"nvidia": {"path": "/opt/custom"}}},
+        {"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}},
+        overwrite=False,
+    )
+    assert kept["runtimes"]["nvidia"]["path"] == "/opt/custom"  # only when it lacks one
+
+
+def test_container_toolkit_plan(plan_of):
+    plan = plan_of(toolkit_stage.container_toolkit, REFERENCE, fresh_box("ubuntu2404"))
+    assert sorted(plan.installs()) == sorted(
+        f"{n}=1.17.8-1"
+        for n in (
+            "nvidia-container-toolkit",
+            "nvidia-container-toolkit-base",
+            "libnvidia-container-tools",
+            "libnvidia-container1",
+        )
+    )
+    key = plan.op("NVIDIA container toolkit key")[0]
+    assert "https://nvidia.github.io/libnvidia-container/gpgkey" in key
+    assert "C95B321B61E88C1809C4F759DDCAE044F796ECB0" in key
+    assert plan.op("daemon.json: the nvidia runtime")  # daemon.json absent: written
+    assert plan.op("CDI spec") == [
+        "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
+        "mkdir -p $(dirname /var/lib/gpubox/cdi-driver-version) && "
+        "echo 570.211.01 > /var/lib/gpubox/cdi-driver-version",
+    ]
+
+
+def test_toolkit_leaves_a_daemon_json_that_has_the_runtime(plan_of):
+    answers = fresh_box(
+        "ubuntu2404",
+        **daemon_json(
+            {
+                "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}},
+                "data-root": "/srv/docker",
+            }
+        ),
+    )
+    plan = plan_of(toolkit_stage.container_toolkit, REFERENCE, answers)
+    assert plan.op("daemon.json: the nvidia runtime") == []
+
+
+def test_an_invalid_daemon_json_is_an_error_never_replaced(plan_of):
+    answers = fresh_box("ubuntu2404", **daemon_json('{"runtimes": {'))
+    with pytest.raises(OperationError, match="daemon.json is not valid JSON .* will not replace"):
+        plan_of(toolkit_stage.container_toolkit, REFERENCE, answers)
+
+
+def test_cdi_spec_is_regenerated_only_for_a_new_driver(plan_of):
+    same = plan_of(
+        toolkit_stage.container_toolkit,
+        REFERENCE,
+        fresh_box("ubuntu2404", **{"cat /var/lib/gpubox/cdi-driver-version": "570.211.01"}),
+    )
+    assert not [n for n in same.names if "CDI spec" in n]
+
+
+def test_dcgm_plan(plan_of):
+    plan = plan_of(dcgm_stage.dcgm, REFERENCE, fresh_box("ubuntu2404"))
+    assert sorted(plan.installs()) == sorted(
+        f"datacenter-gpu-manager-4-{p}=1:4.4.1-1"
+        for p in ("core", "cuda12", "proprietary", "proprietary-cuda12")
+    )
+    assert plan.op("legacy DCGM") == []  # none installed
+    legacy = plan_of(
+        dcgm_stage.dcgm,
+        REFERENCE,
+        fresh_box(
+            "ubuntu2404", **{"dpkg -l": ["ii  datacenter-gpu-manager  1:3.3.9  amd64  legacy"]}
+        ),
+    )
+    (remove,) = legacy.op("legacy DCGM")
+    assert remove.endswith(" remove datacenter-gpu-manager")
+    from gpubox.stages import render
+
+    dropin = render("nvidia-dcgm.conf.j2", address="127.0.0.1")
+    assert "--bind-interface 127.0.0.1" in dropin
+    assert not [n for n in plan.names if "exporter" in n]
+
+
+def test_dcgm_exporter_never_pulls_at_start(plan_of):
+    data = {**REFERENCE, "dcgm_exporter": True, "dcgm_exporter_port": 9500}
+    plan = plan_of(dcgm_stage.dcgm, data, fresh_box("ubuntu2404"))
+    assert plan.op("Pull nvcr.io/nvidia/k8s/dcgm-exporter") == [
+        "docker pull nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04"
+    ]
+    from gpubox.stages import render
+
+    unit = render("dcgm-exporter.service.j2", image="IMG", address="127.0.0.1", port=9500)
+    assert "--pull never" in unit and "-p 127.0.0.1:9500:9400 IMG" in unit
+
+
+def test_gpu_burn_is_built_for_volta_with_cuda_12_8(plan_of):
+    plan = plan_of(tools_stage.tools, REFERENCE, fresh_box("ubuntu2404"))
+    (build,) = plan.op("Build gpu-burn")
+    assert (
+        "make -C /opt/gpu-burn/3ead140434da9473582b68452f7115967a7a0581.new COMPUTE=70 "
+        "CUDAPATH=/usr/local/cuda-12.8" in build
+    )
+    assert "6289465838d73ba3cdb1cbdf1e81b76a87898b6e7e1f056c60a6efdcaae83356" in build
+    assert (
+        "https://github.com/wilicc/gpu-burn/archive/3ead140434da9473582b68452f7115967a7a0581"
+        ".tar.gz" in build
+    )
+    assert plan.op("Check that nvtop pulls no other driver")
+    assert "nvtop" in plan.installs()
+    assert plan.op("Enable Ubuntu's multiverse")  # Ubuntu keeps nvtop in multiverse
+
+
+def test_gpu_burn_is_not_rebuilt_when_the_build_matches(plan_of):
+    stamp = (
+        "commit=3ead140434da9473582b68452f7115967a7a0581 compute=70 cudapath=/usr/local/cuda-12.8"
+    )
+    plan = plan_of(
+        tools_stage.tools,
+        REFERENCE,
+        fresh_box(
+            "debian12",
+            **{"cat /opt/gpu-burn/3ead140434da9473582b68452f7115967a7a0581/.gpubox-build": stamp},
+        ),
+    )
+    assert not [n for n in plan.names if "Build gpu-burn" in n]
+    other = plan_of(
+        tools_stage.tools,
+        {**REFERENCE, "gpu_burn_compute": 75},
+        fresh_box(
+            "debian12",
+            **{"cat /opt/gpu-burn/3ead140434da9473582b68452f7115967a7a0581/.gpubox-build": stamp},
+        ),
+    )
+    assert "COMPUTE=75" in other.op("Build gpu-burn")[0]
+
+
+def burn(tested, gpus, aborted=False):
+    return SimpleNamespace(tested=tested, gpus=gpus, aborted=aborted)
+
+
+def diag(passed, tests=()):
+    return SimpleNamespace(passed=passed, tests=list(tests))
+
+
+def test_burnin_verdict():
+    assert burnin_stage.judge(2, burn(2, {0: "OK", 1: "OK"}), 0, diag(True)) == []
+    faulty = burnin_stage.judge(2, burn(2, {0: "OK", 1: "FAULTY"}), 0, diag(True))
+    assert faulty == ["GPU 1: gpu-burn says FAULTY"]
+    missing = burnin_stage.judge(2, burn(1, {0: "OK"}), 0, diag(True))
+    assert "gpu-burn tested 1 GPU(s), expected 2" in missing
+    assert "GPU 1: gpu-burn says nothing" in missing
+    failed_diag = burnin_stage.judge(
+        2,
+        burn(2, {0: "OK", 1: "OK"}),
+        0,
+        diag(
+            False,
+            [
+                SimpleNamespace(
+                    name="Memory", results={0: "Pass", 1: "Fail"}, messages={1: ["ECC error"]}
+                )
+            ],
+        ),
+    )
+    assert failed_diag == ["GPU 1: dcgmi diag test 'Memory' Fail: ECC error"]
+    assert burnin_stage.judge(2, None, 2, None)[0] == (
+        "gpu-burn failed (exit status 2) before reporting any GPU"
+    )
