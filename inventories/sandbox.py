@@ -28,10 +28,21 @@ hosts = [
             # The box shares the host's kernel, whose headers are not in Debian's archive.
             "driver_kernel_headers": False,
             "reboot_timeout": 120,
+            # Debian's real docker.io (Docker's own repository is not reachable from here).
+            "docker_source": "distro",
+            # Imported into the box's Docker from a local root filesystem, never pulled.
+            "docker_check_image": info["check_image"],
+            "burnin_seconds": 3,
             "catalog_overrides": {
                 "repos.nvidia_cuda.url": info["repo_url"],
                 "repos.nvidia_cuda.key_url": info["key_url"],
                 "repos.nvidia_cuda.key_fingerprint": info["key_fingerprint"],
+                "repos.nvidia_container_toolkit.url": info["toolkit_repo_url"],
+                "repos.nvidia_container_toolkit.key_url": info["toolkit_key_url"],
+                "repos.nvidia_container_toolkit.key_fingerprint": info["toolkit_key_fingerprint"],
+                "gpu_burn.url": info["gpu_burn_url"],
+                "gpu_burn.sha256": info["gpu_burn_sha256"],
+                "gpu_burn.commit": info["gpu_burn_commit"],
             },
         },
     )

@@ -82,6 +82,23 @@ def deploy(
     return run
 
 
+def burnin(inventory: str = INVENTORY) -> DeployRun:
+    """`gpubox burnin INVENTORY`, as a user types it."""
+    argv = in_netns([str(BIN / "gpubox"), "burnin", inventory])
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True)
+    sys.stderr.write(proc.stdout + proc.stderr)
+    return DeployRun(proc.returncode, time.monotonic() - start, output=proc.stdout + proc.stderr)
+
+
+def load_check_image() -> str:
+    """The image the host checks start GPU containers from: imported into the box's Docker
+    from a local root filesystem (the sandbox reaches no registry)."""
+    from gpubox import sandbox
+
+    return sandbox.load_check_image()
+
+
 @dataclass
 class CheckRun:
     rc: int
@@ -142,6 +159,7 @@ def main() -> int:
         print(run.output[-3000:])
         print(f"deploy failed (rc {run.rc}); the box is still up: gpubox sandbox ssh", flush=True)
         return 1
+    print(f"== container image for the checks: {load_check_image()}", flush=True)
     print("== host checks (pytest tests/host --inventory inventories/sandbox.py)", flush=True)
     result = checks()
     print(result.output)

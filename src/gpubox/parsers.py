@@ -1,6 +1,8 @@
 """Pure parsers of the command outputs gpubox reads from a host: nvidia-smi (table, -L,
 --query-gpu, nvlink -s, topo -m, its error messages), nvcc --version, lspci -Dnn,
-apt-cache policy, apt-mark showhold, dpkg-query, /etc/os-release and mokutil --sb-state.
+apt-cache policy, apt-mark showhold, dpkg-query, /etc/os-release, mokutil --sb-state,
+gpu-burn (a burn and `gpu_burn -l`) and DCGM's dcgmi (discovery -l, dmon, diag -j, and the
+errors it prints when it cannot do its work).
 
 Text in, dataclasses out: nothing here runs a command or imports pyinfra or testinfra, so the
 deploy's facts, the host checks and the CLI all read a host the same way. Every parser is
@@ -9,13 +11,22 @@ raises ParseError, quoting the line it could not read, rather than guessing."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 __all__ = [
     "AptPolicy",
     "AptPolicyVersion",
+    "DcgmDiag",
+    "DcgmDiagTest",
+    "DcgmGpu",
+    "DmonRow",
+    "DmonSample",
     "DpkgPackage",
+    "GpuBurnDevice",
+    "GpuBurnResult",
     "NvLink",
     "NvccVersion",
     "ParseError",
@@ -26,7 +37,13 @@ __all__ = [
     "Topology",
     "nvml_library_version",
     "parse_apt_policy",
+    "parse_dcgmi_diag_json",
+    "parse_dcgmi_discovery",
+    "parse_dcgmi_dmon",
+    "parse_dcgmi_error",
     "parse_dpkg_query",
+    "parse_gpu_burn",
+    "parse_gpu_burn_list",
     "parse_lspci",
     "parse_nvcc_version",
     "parse_nvlink_status",
@@ -698,4 +715,457 @@ def parse_secure_boot(text: str) -> bool | None:
     raise ParseError(
         "want 'SecureBoot enabled', 'SecureBoot disabled' or 'EFI variables are not supported "
         f"on this system' (mokutil --sb-state): {_quote(first)}"
+    )
+
+
+# --------------------------------------------------------------------------- gpu-burn
+
+
+class GpuBurnDevice(NamedTuple):
+    """One line of `gpu_burn -l`: "ID 0: Tesla V100-SXM2-32GB, 34089MB"."""
+
+    id: int  # the CUDA device ordinal gpu-burn's -i takes
+    name: str
+    memory_mb: int  # decimal megabytes as gpu-burn prints them (cuDeviceTotalMem / 1000 / 1000)
+
+
+@dataclass(frozen=True)
+class GpuBurnResult:
+    """What a `gpu_burn [-d] [-tc] [-m X] [-i N] TIME` run reported.
+
+    gpu-burn exits 0 even when a GPU is FAULTY, so a caller judges the run by ``ok()``:
+    every expected GPU tested, all OK, none died, the run not aborted, and at least one
+    progress report seen (a run whose workers never reported still ends "GPU 0: OK")."""
+
+    tested: int | None  # "Tested N GPUs:"; None when the run never got there
+    gpus: dict[int, str]  # "GPU 0: OK" / "GPU 1: FAULTY" (indexes as gpu-burn numbers them)
+    errors: list[int]  # per GPU: the error count of largest magnitude any report showed
+    gflops: list[float]  # per GPU: the Gflop/s of the last progress report
+    died: bool  # a worker died ("(DIED!)" or "proc'd: -1")
+    aborted: bool  # "No clients are alive!  Aborting"
+    seconds: int | None = None  # "Burning for N seconds."
+    compare_file: str | None = None  # "Using compare file: compare.fatbin"
+    doubles: bool | None = None  # "using DOUBLES" / "using FLOATS"
+    tensor_cores: bool = False  # ", using Tensor Cores"
+    progress_reports: int = 0  # progress lines seen, "\r"-overwritten ones included
+    init_errors: list[str] = field(default_factory=list)  # "Couldn't init ..." and the like
+
+    def problems(self, expected_gpus: int) -> list[str]:
+        """Why this run does not prove ``expected_gpus`` healthy GPUs ([] when it does)."""
+        found: list[str] = []
+        if self.aborted:
+            found.append("gpu-burn aborted: no worker was alive")
+        if self.died:
+            found.append("a gpu-burn worker died")
+        if self.init_errors:
+            found.append("a GPU could not be initialised: " + self.init_errors[0])
+        if self.tested is None:
+            found.append("gpu-burn did not finish (no 'Tested N GPUs:' line)")
+        elif self.tested != expected_gpus:
+            found.append(f"gpu-burn tested {self.tested} GPUs, expected {expected_gpus}")
+        faulty = sorted(i for i, verdict in self.gpus.items() if verdict != "OK")
+        if faulty:
+            found.append("FAULTY: " + ", ".join(f"GPU {i}" for i in faulty))
+        if self.tested is not None and len(self.gpus) != self.tested:
+            found.append(f"{len(self.gpus)} verdicts for {self.tested} tested GPUs")
+        if self.progress_reports == 0:
+            found.append("no GPU ever reported progress")
+        return found
+
+    def ok(self, expected_gpus: int) -> bool:
+        return not self.problems(expected_gpus)
+
+
+_BURN_PROGRESS = re.compile(
+    r"(?P<pct>\d+(?:\.\d+)?)%  proc'd: (?P<procd>.*?)\s+"
+    r"errors: (?P<errors>.*?)\s+temps: (?P<temps>.*)"
+)
+_BURN_PROCD = re.compile(r"(-?\d+) \((-?[\w.]+) Gflop/s\)")
+_BURN_ERRORS = re.compile(r"(-?\d+)\s*(\((?:WARNING|DIED)!\))?")
+_BURN_TESTED = re.compile(r"^Tested (\d+) GPUs:\s*$")
+_BURN_VERDICT = re.compile(r"^\s*GPU (\d+): (OK|FAULTY)\s*$")
+_BURN_ABORT = re.compile(r"No clients are alive!\s+Aborting")
+_BURN_SECONDS = re.compile(r"Burning for (\d+) (?:seconds\.|secs)")
+_BURN_COMPARE = re.compile(r"Using compare file: (\S.*?)\s*$")
+_BURN_INIT = re.compile(
+    r"^.*?((?:Couldn't init (?:a GPU test|CUDA)|Failure during compute): .*?)\s*$"
+)
+_BURN_TYPE = re.compile(r"\), using (DOUBLES|FLOATS)(, using Tensor Cores)?")
+_BURN_MARKERS = (
+    "Burning for",
+    "proc'd:",
+    "Tested ",
+    "Killing processes",
+    "No CUDA devices",
+    "No clients are alive",
+    "Couldn't init",
+)
+
+
+def _gflops(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        return float("nan")  # "-nan" and the like, printed by %.0f
+
+
+def parse_gpu_burn(text: str) -> GpuBurnResult:
+    """The output of a gpu-burn run (stdout, or stdout and stderr together): the final
+    "Tested N GPUs:" verdicts, the progress reports (each "\\r"-overwritten report counts),
+    died workers, an abort, the run's settings. Reads the current format (compare.fatbin,
+    "Killing processes with SIGTERM (soft kill)") and the older ones ("Killing processes..
+    done", "Burning for 10 secs"), progress lines as a terminal shows them or raw with their
+    carriage returns, tabs kept or turned into spaces."""
+    if not any(marker in text for marker in _BURN_MARKERS):
+        first = next((ln for ln in _lines(text) if ln.strip()), "")
+        raise ParseError(
+            f"not gpu-burn output (no 'Burning for', progress or verdict): {_quote(first)}"
+        )
+    tested: int | None = None
+    gpus: dict[int, str] = {}
+    errors: list[int] = []
+    gflops: list[float] = []
+    died = aborted = tensor_cores = False
+    seconds: int | None = None
+    compare_file: str | None = None
+    doubles: bool | None = None
+    reports = 0
+    init_errors: list[str] = []
+    segments = [s for line in _lines(text) for s in line.split("\r")]
+    last = max((i for i, s in enumerate(segments) if s.strip()), default=-1)
+    for at, segment in enumerate(segments):
+        progress = _BURN_PROGRESS.search(segment)
+        if not progress and "proc'd:" in segment and at != last:
+            raise ParseError(f"unreadable gpu-burn progress line: {_quote(segment)}")
+        if progress:
+            reports += 1
+            procd = _BURN_PROCD.findall(progress.group("procd"))
+            errs = _BURN_ERRORS.findall(progress.group("errors"))
+            if not procd or len(errs) != len(procd):
+                raise ParseError(f"unreadable gpu-burn progress line: {_quote(segment)}")
+            gflops = [_gflops(g) for _, g in procd]
+            counts = [int(e) for e, _ in errs]
+            if len(errors) != len(counts):
+                errors = [0] * len(counts)
+            errors = [max(a, b, key=abs) for a, b in zip(errors, counts, strict=True)]
+            if any(int(p) == -1 for p, _ in procd) or any(n == "(DIED!)" for _, n in errs):
+                died = True
+            continue
+        if _BURN_ABORT.search(segment):
+            aborted = True
+        if match := _BURN_TESTED.match(segment):
+            tested = int(match.group(1))
+        elif match := _BURN_VERDICT.match(segment):
+            gpus[int(match.group(1))] = match.group(2)
+        if match := _BURN_SECONDS.search(segment):
+            seconds = int(match.group(1))
+        if match := _BURN_COMPARE.search(segment):
+            compare_file = match.group(1)
+        if match := _BURN_TYPE.search(segment):
+            doubles = match.group(1) == "DOUBLES"
+            tensor_cores = tensor_cores or bool(match.group(2))
+        if match := _BURN_INIT.match(segment):
+            init_errors.append(match.group(1))
+    found = reports or gpus or aborted or init_errors or "No CUDA devices" in text
+    if not found and seconds is None and tested is None:
+        raise ParseError("no gpu-burn result in the text (a progress line cut short?)")
+    return GpuBurnResult(
+        tested=tested,
+        gpus=gpus,
+        errors=errors,
+        gflops=gflops,
+        died=died,
+        aborted=aborted,
+        seconds=seconds,
+        compare_file=compare_file,
+        doubles=doubles,
+        tensor_cores=tensor_cores,
+        progress_reports=reports,
+        init_errors=init_errors,
+    )
+
+
+_BURN_LIST = re.compile(r"^ID (\d+): (.+), (\d+)MB\s*$")
+
+
+def parse_gpu_burn_list(text: str) -> list[GpuBurnDevice]:
+    """`gpu_burn -l`: one "ID 0: Tesla V100-SXM2-32GB, 34089MB" line per CUDA device (memory
+    in decimal MB). gpu-burn's own "cuInit returned 0 (no error)" (stderr) is skipped; a
+    failed CUDA init is refused with gpu-burn's message."""
+    devices: list[GpuBurnDevice] = []
+    for line in _lines(text):
+        if not line.strip() or line.startswith("cuInit returned 0 "):
+            continue
+        match = _BURN_LIST.match(line)
+        if not match:
+            raise ParseError(f"not a `gpu_burn -l` line (want 'ID N: NAME, MEMMB'): {_quote(line)}")
+        devices.append(GpuBurnDevice(int(match.group(1)), match.group(2), int(match.group(3))))
+    return devices
+
+
+# --------------------------------------------------------------------------- dcgmi
+
+
+_DCGMI_ERRORS = (
+    (
+        "no_hostengine",
+        re.compile(
+            r"unable to establish a connection to the specified host|"
+            r"Unable to connect to host engine"
+        ),
+    ),
+    ("module_not_loaded", re.compile(r"module of DCGM that is not currently loaded")),
+    (
+        "requires_root",
+        re.compile(
+            r"host engine to be running as root|"
+            r"Host engine is running as non-root"
+        ),
+    ),
+    ("not_supported", re.compile(r"Result: -6: Feature not supported")),
+)
+
+
+def parse_dcgmi_error(text: str) -> str | None:
+    """Which known dcgmi failure the text reports: "no_hostengine" (nv-hostengine not
+    running: "Error: unable to establish a connection to the specified host: localhost"),
+    "module_not_loaded" (e.g. profiling fields 1001-1012 without the profiling module:
+    "Error setting watches. Result: -33: This request is serviced by a module of DCGM that is
+    not currently loaded"), "requires_root", "not_supported"; None for anything else."""
+    for kind, pattern in _DCGMI_ERRORS:
+        if pattern.search(text):
+            return kind
+    return None
+
+
+def _refuse_dcgmi_error(text: str, what: str) -> None:
+    kind = parse_dcgmi_error(text)
+    if kind is not None:
+        line = next((ln for ln in _lines(text) if ln.startswith("Error")), "")
+        raise ParseError(f"expected {what}, but dcgmi failed ({kind}): {_quote(line)}")
+
+
+@dataclass(frozen=True)
+class DcgmGpu:
+    id: int  # DCGM's GPU id
+    name: str
+    bus_id: str  # "00000000:07:00.0"
+    uuid: str
+
+
+_DISCOVERY_COUNT = re.compile(r"^(\d+) GPUs? found(?: \((?:Active|All)\))?\.\s*$")
+_DISCOVERY_ROW = re.compile(
+    r"^\|\s*(?P<id>\d+)?\s*\|\s*(?P<key>Name|PCI Bus ID|Device UUID): (?P<value>.*?)\s*\|\s*$"
+)
+_DISCOVERY_KEYS = {"Name": "name", "PCI Bus ID": "bus_id", "Device UUID": "uuid"}
+
+
+def parse_dcgmi_discovery(text: str) -> list[DcgmGpu]:
+    """`dcgmi discovery -l`: the GPUs of the "N GPUs found." table, each drawn over three
+    rows ("| 0      | Name: ...", "|        | PCI Bus ID: ...", "|        | Device UUID: ...").
+    The NvSwitch, ConnectX and CPU tables that follow are not read. DCGM 4.5+'s "N GPUs
+    found (Active)." is read too; the number of entries must match N."""
+    _refuse_dcgmi_error(text, "`dcgmi discovery -l` output")
+    lines = _lines(text)
+    count_at = next((i for i, ln in enumerate(lines) if _DISCOVERY_COUNT.match(ln.strip())), None)
+    if count_at is None:
+        first = next((ln for ln in lines if ln.strip()), "")
+        raise ParseError(
+            f"no 'N GPUs found.' line: not `dcgmi discovery -l` output: {_quote(first)}"
+        )
+    expected = int(_DISCOVERY_COUNT.match(lines[count_at].strip()).group(1))  # type: ignore[union-attr]
+    entries: dict[int, dict[str, str]] = {}
+    current: int | None = None
+    for line in lines[count_at + 1 :]:
+        stripped = line.strip()
+        if not stripped.startswith(("|", "+")):
+            break  # "0 NvSwitches found." and what follows
+        row = _DISCOVERY_ROW.match(stripped)
+        if not row:
+            continue  # borders and the header row
+        if row.group("id") is not None:
+            current = int(row.group("id"))
+            entries[current] = {}
+        if current is None:
+            raise ParseError(f"a GPU attribute before any GPU id: {_quote(line)}")
+        entries[current][_DISCOVERY_KEYS[row.group("key")]] = row.group("value")
+    gpus: list[DcgmGpu] = []
+    for gpu_id, attrs in entries.items():
+        missing = {"name", "bus_id", "uuid"} - attrs.keys()
+        if missing:
+            raise ParseError(f"GPU {gpu_id} of `dcgmi discovery -l` lacks {sorted(missing)}")
+        gpus.append(DcgmGpu(gpu_id, attrs["name"], attrs["bus_id"], attrs["uuid"]))
+    if len(gpus) != expected:
+        raise ParseError(f"dcgmi says {expected} GPUs found but the table lists {len(gpus)}")
+    return gpus
+
+
+@dataclass(frozen=True)
+class DmonRow:
+    entity: str  # "GPU 0", "GPU-I 21", "Switch 0"
+    values: dict[str, float | None]  # short field name ("NVLTX") -> value; None for N/A
+
+
+@dataclass(frozen=True)
+class DmonSample:
+    """`dcgmi dmon -e IDS [-c N]`: the columns (short field names) and every row printed,
+    in order (N rows per entity with -c N)."""
+
+    columns: list[str]
+    rows: list[DmonRow]
+
+    @property
+    def latest(self) -> dict[str, dict[str, float | None]]:
+        """Each entity's last row."""
+        return {row.entity: row.values for row in self.rows}
+
+
+def _dmon_value(token: str, line: str) -> float | None:
+    if token == "N/A":
+        return None
+    try:
+        return float(token)
+    except ValueError:
+        raise ParseError(
+            f"non-numeric dmon value {token!r} (only numeric fields are read): {_quote(line)}"
+        ) from None
+
+
+def parse_dcgmi_dmon(text: str) -> DmonSample:
+    """`dcgmi dmon -e 449,1011,1012 -c 1`: a "#Entity NBWLT NVLTX ..." header, a units row
+    starting "ID", then one row per entity and sample ("GPU 0     0      N/A"). Column widths
+    differ between DCGM versions, so rows are split on whitespace; "N/A" becomes None. The
+    header dmon repeats every 14 samples must name the same fields. dcgmi's errors (host
+    engine not running, "Error setting watches", printed after the header) are refused."""
+    _refuse_dcgmi_error(text, "`dcgmi dmon` output")
+    columns: list[str] | None = None
+    rows: list[DmonRow] = []
+    for line in _lines(text):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("ID") or "dmon was stopped" in stripped:
+            continue
+        if stripped.startswith("#Entity"):
+            names = stripped.split()[1:]
+            if columns is not None and names != columns:
+                raise ParseError(f"dmon header changed from {columns} to {names}")
+            columns = names
+            continue
+        if columns is None:
+            raise ParseError(f"a dmon row before the '#Entity' header: {_quote(line)}")
+        tokens = stripped.split()
+        if len(tokens) != 2 + len(columns):
+            raise ParseError(
+                f"dmon row with {len(tokens) - 2} values for {len(columns)} fields "
+                f"({' '.join(columns)}): {_quote(line)}"
+            )
+        values = {c: _dmon_value(v, line) for c, v in zip(columns, tokens[2:], strict=True)}
+        rows.append(DmonRow(f"{tokens[0]} {tokens[1]}", values))
+    if columns is None:
+        first = next((ln for ln in _lines(text) if ln.strip()), "")
+        raise ParseError(f"no '#Entity' header: not `dcgmi dmon` output: {_quote(first)}")
+    return DmonSample(columns, rows)
+
+
+@dataclass(frozen=True)
+class DcgmDiagTest:
+    name: str  # "software", "pcie", "memory", "diagnostic", "targeted_stress", ...
+    category: str  # "Deployment", "Integration", "Hardware", "Stress"
+    status: str  # the test's summary: "Pass", "Fail", "Skip", "Warn"
+    results: dict[int, str]  # GPU entity id -> "Pass" / "Fail" / "Skip" / "Warn"
+    messages: list[str] = field(default_factory=list)  # the warnings (DCGM's error texts)
+    info: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DcgmDiag:
+    passed: bool  # no test or GPU failed, no runtime error, at least one test ran
+    level: int | None  # the run level (-r N), as given or inferred from the tests that ran
+    tests: list[DcgmDiagTest]
+    version: str | None = None  # DCGM's version ("4.4.1")
+    driver_version: str | None = None  # "Driver Version Detected"
+    runtime_error: str | None = None  # the diagnostic could not run; no tests then
+
+
+# Tests each run level adds (DCGM 4 docs; -r 2 = 1 + pcie, memory; ...), to infer a level.
+_DIAG_LEVEL_TESTS = (
+    (4, {"memtest", "pulse_test", "eud"}),
+    (3, {"diagnostic", "targeted_stress", "targeted_power", "memory_bandwidth"}),
+    (2, {"pcie", "memory"}),
+    (1, {"software"}),
+)
+
+
+def _diag_texts(items: Any, key: str | None) -> list[str]:
+    if not isinstance(items, list):
+        return []
+    if key is None:
+        return [str(i) for i in items]
+    return [str(i.get(key, "")) for i in items if isinstance(i, dict)]
+
+
+def parse_dcgmi_diag_json(text: str, level: int | None = None) -> DcgmDiag:
+    """`dcgmi diag -r N -j` of DCGM 4.x: the "DCGM Diagnostic" document (test_categories >
+    tests > results per entity, a test_summary per test, entity_groups, metadata). A run that
+    could not start is a document with "runtime_error" and no tests. DCGM 3.x's "DCGM GPU
+    Diagnostic" layout is refused. ``level`` is the -r the caller ran; when None it is
+    inferred from the highest-level test present."""
+    _refuse_dcgmi_error(text, "`dcgmi diag -j` JSON")
+    start = text.find("{")
+    if start < 0:
+        first = next((ln for ln in _lines(text) if ln.strip()), "")
+        raise ParseError(f"no JSON document: not `dcgmi diag -j` output: {_quote(first)}")
+    try:
+        doc = json.loads(text[start:])
+    except ValueError as exc:
+        raise ParseError(f"`dcgmi diag -j` output is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ParseError("`dcgmi diag -j` output is not a JSON object")
+    if "DCGM GPU Diagnostic" in doc:
+        raise ParseError("DCGM 3.x diagnostic layout ('DCGM GPU Diagnostic'); gpubox reads DCGM 4")
+    body = doc.get("DCGM Diagnostic")
+    if not isinstance(body, dict):
+        raise ParseError("no 'DCGM Diagnostic' object: not DCGM 4 `dcgmi diag -j` output")
+    raw_metadata = doc.get("metadata")
+    metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
+    version = metadata.get("version") or body.get("version")
+    runtime_error = body.get("runtime_error")
+    tests: list[DcgmDiagTest] = []
+    for category in body.get("test_categories") or []:
+        for test in category.get("tests") or []:
+            results: dict[int, str] = {}
+            messages: list[str] = []
+            info: list[str] = []
+            for result in test.get("results") or []:
+                if result.get("entity_group", "GPU") == "GPU" and "entity_id" in result:
+                    results[int(result["entity_id"])] = str(result.get("status", ""))
+                messages += _diag_texts(result.get("warnings"), "warning")
+                info += _diag_texts(result.get("info"), None)
+            summary = test.get("test_summary") or {}
+            messages += _diag_texts(summary.get("warnings"), "warning")
+            info += _diag_texts(summary.get("info"), None)
+            status = summary.get("status")
+            if status is None:  # no summary: the worst of the results
+                statuses = set(results.values())
+                status = next((s for s in ("Fail", "Warn", "Pass", "Skip") if s in statuses), "")
+            tests.append(
+                DcgmDiagTest(
+                    name=str(test.get("name", "")),
+                    category=str(category.get("category", "")),
+                    status=str(status),
+                    results=results,
+                    messages=messages,
+                    info=info,
+                )
+            )
+    if level is None:
+        names = {t.name for t in tests}
+        level = next((lvl for lvl, added in _DIAG_LEVEL_TESTS if names & added), None)
+    failed = any(t.status == "Fail" or "Fail" in t.results.values() for t in tests)
+    return DcgmDiag(
+        passed=bool(tests) and not failed and runtime_error is None,
+        level=level,
+        tests=tests,
+        version=None if version is None else str(version),
+        driver_version=metadata.get("Driver Version Detected"),
+        runtime_error=None if runtime_error is None else str(runtime_error),
     )

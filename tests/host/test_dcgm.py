@@ -51,19 +51,20 @@ def test_dcgmi_discovers_every_gpu(box):
 
 @pytest.mark.gpu
 def test_dcgmi_dmon_reports_nvlink_fields_for_every_gpu(box):
-    result = box.run(f"dcgmi dmon -e {NVLINK_FIELDS} -c 1")
+    # The profiling fields (1011/1012) read N/A in the first samples after a start: take three.
+    result = box.run(f"dcgmi dmon -e {NVLINK_FIELDS} -c 3")
     assert result.rc == 0, (
         f"{box.name}: dcgmi dmon failed: {(result.stdout + result.stderr)[-400:]}"
     )
-    sample = parsers.parse_dcgmi_dmon(result.stdout)
+    latest = parsers.parse_dcgmi_dmon(result.stdout).latest
     missing = [
         f"{entity} {column}"
-        for entity, values in sample.rows.items()
+        for entity, values in latest.items()
         for column, value in values.items()
         if value is None
     ]
-    assert len(sample.rows) == box.config.gpu_count and not missing, (
-        f"{box.name}: dcgmi dmon -e {NVLINK_FIELDS}: {len(sample.rows)} GPU row(s); "
+    assert len(latest) == box.config.gpu_count and not missing, (
+        f"{box.name}: dcgmi dmon -e {NVLINK_FIELDS}: {len(latest)} GPU(s); "
         f"no value for {missing} (1011/1012 need datacenter-gpu-manager-4-proprietary)"
     )
 

@@ -4,10 +4,13 @@ configuration cannot repair are detected and named. The tests run in order on on
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import box_sh, plant
 
 from gpubox import demo
+from gpubox.config import load_host_config
 from gpubox.sandbox.standin import state as standin_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
@@ -39,8 +42,9 @@ def test_first_deploy_converges_and_the_checks_pass():
     assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
     assert run.changed > 10
     assert box_sh("cat /run/gpubox-standin/loaded-driver").split()[0] == "570.211.01"
-    checks = demo.checks()
-    assert checks.rc == 0 and checks.failed == 0 and checks.passed >= 15, checks.output[-4000:]
+    demo.load_check_image()  # the GPU containers' image, imported (never from a registry)
+    checks = demo.checks(extra=("--burn",))
+    assert checks.rc == 0 and checks.failed == 0 and checks.passed >= 30, checks.output[-4000:]
 
 
 def test_second_deploy_changes_nothing_and_the_checks_still_pass():
@@ -51,8 +55,8 @@ def test_second_deploy_changes_nothing_and_the_checks_still_pass():
 
 
 def test_drift_to_580_and_persistence_off_is_detected_then_repaired():
-    packages = box_sh("apt-mark showhold").split()
-    assert "nvidia-driver-cuda" in packages
+    packages = load_host_config("b", {}).driver_packages("debian").installed
+    assert set(packages) <= set(box_sh("apt-mark showhold").split())
     box_sh("apt-mark unhold " + " ".join(packages))
     # Force the 580 stand-ins in, as a careless `apt install` of a newer driver would.
     box_sh(
@@ -108,3 +112,72 @@ def test_an_nvlink_link_down_is_detected_and_named():
         plant(lambda s: standin_state.set_link_active(s, 0, 2, True))
     checks = demo.checks(extra=("-m", "gpu"))
     assert checks.rc == 0, checks.output[-3000:]
+
+
+# Containers, monitoring and burn-in (issue 3): faults, each caught by its own check; what is
+# configuration is repaired by a re-deploy.
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+
+
+def test_runtime_removed_from_daemon_json_is_caught_and_restored_keeping_other_keys():
+    box_sh(f'echo \'{{"log-level": "warn"}}\' > {DAEMON_JSON} && systemctl restart docker')
+    failed = failed_checks(demo.checks(extra=("-k", "docker or daemon")))
+    assert "has no nvidia runtime" in failed["test_daemon_json_is_valid_and_holds_gpubox_settings"]
+    assert "docker runtimes are" in failed["test_docker_lists_the_nvidia_runtime"]
+    run = demo.deploy()
+    assert run.rc == 0 and run.changed >= 1, run.output[-3000:]
+    assert json.loads(box_sh(f"cat {DAEMON_JSON}"))["log-level"] == "warn"
+    checks = demo.checks()
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+
+
+def test_stopped_dcgm_is_caught_and_restarted():
+    box_sh("systemctl stop nvidia-dcgm")
+    failed = failed_checks(demo.checks(extra=("-k", "dcgm")))
+    assert "nvidia-dcgm running=False" in failed["test_nvidia_dcgm_is_active"]
+    assert "test_dcgmi_discovers_every_gpu" in failed
+    run = demo.deploy()
+    assert run.rc == 0, run.output[-3000:]
+    checks = demo.checks(extra=("-k", "dcgm"))
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+
+
+def test_invalid_daemon_json_stops_the_deploy_and_is_not_replaced():
+    broken = '{"log-level": "warn",'
+    box_sh(f"printf '%s' '{broken}' > {DAEMON_JSON}")
+    run = demo.deploy()
+    assert run.rc != 0 or run.failed_hosts
+    assert "daemon.json is not valid JSON" in run.output
+    assert "will not replace it" in run.output
+    assert box_sh(f"cat {DAEMON_JSON}") == broken
+    box_sh(f'echo \'{{"log-level": "warn"}}\' > {DAEMON_JSON}')
+    run = demo.deploy()
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+
+
+def test_burnin_fails_naming_a_faulty_gpu_then_passes(tmp_path):
+    # The same box, with burnin_required set: the host check reads the burn-in record.
+    required = tmp_path / "sandbox_burnin_required.py"
+    required.write_text(
+        "import runpy\n"
+        f"hosts = runpy.run_path({str(demo.ROOT / demo.INVENTORY)!r})['hosts']\n"
+        "hosts = [(name, {**data, 'burnin_required': True}) for name, data in hosts]\n"
+    )
+    plant(lambda s: standin_state.set_gpu_burn_faulty(s, 1, True))
+    try:
+        failed = demo.burnin()
+        assert failed.rc != 0
+        assert "burn-in failed" in failed.output and "GPU 1: gpu-burn says FAULTY" in failed.output
+        record = json.loads(box_sh("cat /var/lib/gpubox/burnin.json"))
+        assert record["passed"] is False and record["gpu_burn"]["gpus"]["1"] == "FAULTY"
+        check = failed_checks(demo.checks(inventory=str(required), extra=("-k", "burnin")))
+        assert "the last burn-in failed" in check["test_burnin_record_passes_and_is_recent"]
+    finally:
+        plant(lambda s: standin_state.set_gpu_burn_faulty(s, 1, False))
+    passed = demo.burnin()
+    assert passed.rc == 0, passed.output[-3000:]
+    record = json.loads(box_sh("cat /var/lib/gpubox/burnin.json"))
+    assert record["passed"] is True and set(record["gpu_burn"]["gpus"].values()) == {"OK"}
+    checks = demo.checks(inventory=str(required), extra=("-k", "burnin"))
+    assert checks.rc == 0 and checks.passed == 1, checks.output[-3000:]

@@ -1,5 +1,6 @@
-"""The sandbox box end to end: up, SSH, systemd, the stand-in NVIDIA repository, a real
-reboot, and a down that leaves nothing behind.
+"""The sandbox box end to end: up, SSH, systemd, the stand-in NVIDIA repositories, a real
+reboot, Docker with the stand-in container toolkit, DCGM, the gpu-burn tarball, and a down
+that leaves nothing behind.
 
 The tests run in file order against one box. The first run on a machine builds the root
 filesystem (about 75 s on 2 cores); after that `up` takes a few seconds. Timings are printed
@@ -8,6 +9,8 @@ filesystem (about 75 s on 2 cores); after that `up` takes a few seconds. Timings
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +30,11 @@ pytestmark = pytest.mark.integration
 DRIVER = "570.211.01"
 TEMPTATION = "580.105.08"
 KEYRING = "/usr/share/keyrings/gpubox-test-nvidia-cuda.gpg"
+TOOLKIT_KEYRING = "/usr/share/keyrings/gpubox-test-nvidia-container-toolkit.gpg"
+TOOLKIT = "1.17.8-1"
+TOOLKIT_TEMPTATION = "1.18.0-1"
+DCGM = "1:4.4.1-1"
+DCGM_TEMPTATION = "1:4.5.0-1"
 
 
 def _timing(what: str, seconds: float) -> None:
@@ -143,6 +151,143 @@ def test_a_new_driver_loads_after_a_real_reboot(info: dict[str, Any]) -> None:
     assert after.count("Tesla V100-SXM2-32GB") == 2
     assert box._nspawn_record(Path(info["state_dir"])) != first_nspawn  # a new nspawn
     assert box._alive(info["processes"]["supervisor"])  # under the same supervisor
+
+
+def test_container_toolkit_repository(info: dict[str, Any]) -> None:
+    # as NVIDIA's install guide sets it up: an ASCII-armored key, dearmored into a keyring, and
+    # a flat source whose "$(ARCH)" apt expands
+    assert info["toolkit_repo_url"].endswith("/libnvidia-container/stable/deb/$(ARCH)")
+    assert info["toolkit_key_fingerprint"] != info["key_fingerprint"]  # a key of its own
+    script = f"""set -e
+        curl -fsS {info["toolkit_key_url"]} | gpg --dearmor > {TOOLKIT_KEYRING}
+        gpg --show-keys --with-colons {TOOLKIT_KEYRING} | grep '^fpr' | head -1 | cut -d: -f10
+        echo 'deb [signed-by={TOOLKIT_KEYRING}] {info["toolkit_repo_url"]} /' \
+            > /etc/apt/sources.list.d/gpubox-test-nvidia-container-toolkit.list
+        apt-get update --error-on=any -qq
+        apt-cache policy nvidia-container-toolkit
+        apt-cache show nvidia-container-toolkit={TOOLKIT} libnvidia-container-tools={TOOLKIT} \
+            | grep ^Depends
+    """
+    out = sandbox.ssh(script, info=info).stdout
+    assert out.splitlines()[0] == info["toolkit_key_fingerprint"]
+    assert f"{TOOLKIT} 500" in out and f"{TOOLKIT_TEMPTATION} 500" in out  # both versions
+    assert "/libnvidia-container/stable/deb/amd64" in out  # $(ARCH) expanded
+    # NVIDIA's dependency shape: only -base is tied to the version, so the four packages must
+    # each be installed at name=version, or the tools move to the newer release
+    assert (
+        f"Depends: nvidia-container-toolkit-base (= {TOOLKIT}), "
+        f"libnvidia-container-tools (>= {TOOLKIT})" in out
+    )
+    assert f"Depends: libnvidia-container1 (>= {TOOLKIT})" in out
+
+
+def test_docker_runs_containers_that_see_the_stand_in_gpus(info: dict[str, Any]) -> None:
+    packages = " ".join(
+        f"{p}={TOOLKIT}"
+        for p in catalog.load()["container_toolkit"]["packages"]  # all four, at one version
+    )
+    started = time.monotonic()
+    sandbox.ssh(
+        f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io {packages} >/dev/null",
+        timeout=600,
+        info=info,
+    )
+    _timing("apt-get install docker.io + the container toolkit", time.monotonic() - started)
+    assert sandbox.ssh("systemctl is-active docker", info=info).stdout.strip() == "active"
+    assert "version 1.17.8" in sandbox.ssh("nvidia-ctk --version", info=info).stdout
+
+    # nvidia-ctk runtime configure: keeps what else the file holds, and is idempotent
+    configure = "nvidia-ctk runtime configure --runtime=docker"
+    daemon_json = sandbox.ssh(
+        f"""set -e
+        printf '{{"log-opts": {{"max-size": "10m"}}}}' > /etc/docker/daemon.json
+        {configure} 2>/dev/null; sha256sum < /etc/docker/daemon.json
+        {configure} 2>/dev/null; sha256sum < /etc/docker/daemon.json
+        cat /etc/docker/daemon.json""",
+        info=info,
+    ).stdout.splitlines()
+    assert daemon_json[0] == daemon_json[1]  # the second run changed nothing
+    assert json.loads("\n".join(daemon_json[2:])) == {
+        "log-opts": {"max-size": "10m"},
+        "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}},
+    }
+    refused = sandbox.ssh(
+        f"echo '{{broken' > /tmp/bad.json; {configure} --config=/tmp/bad.json; "
+        "echo rc=$?; cat /tmp/bad.json",
+        info=info,
+    )
+    assert "rc=1" in refused.stdout and "{broken" in refused.stdout  # left as it was
+
+    # dockerd finds the hook (and so `--gpus`) and the runtime only when it starts
+    sandbox.ssh("systemctl restart docker", info=info)
+    started = time.monotonic()
+    image = sandbox.load_check_image(info=info)
+    _timing("check image built and imported", time.monotonic() - started)
+    started = time.monotonic()
+    assert sandbox.load_check_image(info=info) == image == info["check_image"]
+    _timing("check image, already there", time.monotonic() - started)
+
+    def gpus_listed(options: str) -> list[str]:
+        out = sandbox.ssh(f"docker run --rm {options} {image} nvidia-smi -L", info=info).stdout
+        return [line for line in out.splitlines() if line.startswith("GPU ")]
+
+    started = time.monotonic()
+    assert len(gpus_listed("--gpus all")) == 2  # Docker's own hook path (default runtime runc)
+    _timing("docker run --gpus all nvidia-smi -L", time.monotonic() - started)
+    one = gpus_listed("--runtime nvidia -e NVIDIA_VISIBLE_DEVICES=0")
+    assert len(one) == 1 and "GPU-dae76d0e-3414-958a-8f3e-fc6682b36f31" in one[0]
+    second = gpus_listed("--gpus device=1")
+    assert len(second) == 1 and second[0].startswith("GPU 0:")  # renumbered, as on real boxes
+    without = sandbox.ssh(f"docker run --rm {image} nvidia-smi -L", check=False, info=info)
+    assert without.returncode == 127  # no GPU asked for: no nvidia-smi in the container
+    # Debian's docker.io 20.10 has no CDI: a CDI device name is taken for a device path
+    cdi = sandbox.ssh(
+        f"docker run --rm --device nvidia.com/gpu=all {image} true", check=False, info=info
+    )
+    assert cdi.returncode == 125 and "not an absolute path" in cdi.stderr
+
+
+def test_dcgm_packages_and_service(info: dict[str, Any]) -> None:
+    names = catalog.load()["dcgm"]["packages"]
+    policy = sandbox.ssh(f"apt-cache policy {names[0]}", info=info).stdout
+    assert f"{DCGM} 500" in policy and f"{DCGM_TEMPTATION} 500" in policy
+    started = time.monotonic()
+    sandbox.ssh(
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        + " ".join(f"{p}={DCGM}" for p in names)
+        + " >/dev/null",
+        info=info,
+    )
+    _timing("apt-get install the four DCGM packages", time.monotonic() - started)
+    # like NVIDIA's package, the install leaves the unit disabled: the install guide enables it
+    state = sandbox.ssh("systemctl is-enabled nvidia-dcgm", check=False, info=info).stdout
+    assert state.strip() == "disabled"
+    sandbox.ssh("systemctl enable --now nvidia-dcgm", info=info)
+    out = sandbox.ssh(
+        "systemctl is-active nvidia-dcgm; id -un nvidia-dcgm; "
+        "systemctl show -p ExecStart --value nvidia-dcgm; "
+        "ls /usr/bin/dcgmi /usr/lib/x86_64-linux-gnu/libdcgmmoduleprofiling.so.4",
+        info=info,
+    ).stdout
+    assert out.splitlines()[:2] == ["active", "nvidia-dcgm"]
+    assert "argv[]=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm" in out
+    discovery = sandbox.ssh("dcgmi discovery -l", info=info).stdout  # the packaged stand-ins
+    assert discovery.startswith("2 GPUs found.")
+
+
+def test_gpu_burn_tarball(info: dict[str, Any]) -> None:
+    commit = info["gpu_burn_commit"]
+    assert len(commit) == 40 and int(commit, 16) >= 0
+    url = info["gpu_burn_url"].format(commit=commit)
+    out = sandbox.ssh(
+        f"curl -fsS -o /tmp/gpu-burn.tar.gz {url} && sha256sum < /tmp/gpu-burn.tar.gz "
+        "&& tar tzf /tmp/gpu-burn.tar.gz | head -1",
+        info=info,
+    ).stdout.split()
+    assert out[0] == info["gpu_burn_sha256"]
+    assert out[2] == f"gpu-burn-{commit}/"  # GitHub's archive layout
+    served = Path(info["repo_root"]) / "github/wilicc/gpu-burn/archive" / f"{commit}.tar.gz"
+    assert hashlib.sha256(served.read_bytes()).hexdigest() == info["gpu_burn_sha256"]
 
 
 def test_down_leaves_nothing_behind(info: dict[str, Any]) -> None:

@@ -225,8 +225,8 @@ def test_gpu_burn_is_not_rebuilt_when_the_build_matches(plan_of):
     assert "COMPUTE=75" in other.op("Build gpu-burn")[0]
 
 
-def burn(tested, gpus, aborted=False):
-    return SimpleNamespace(tested=tested, gpus=gpus, aborted=aborted)
+def burn(tested, gpus, extra=()):
+    return SimpleNamespace(tested=tested, gpus=gpus, problems=lambda n: list(extra))
 
 
 def diag(passed, tests=()):
@@ -248,12 +248,16 @@ def test_burnin_verdict():
             False,
             [
                 SimpleNamespace(
-                    name="Memory", results={0: "Pass", 1: "Fail"}, messages={1: ["ECC error"]}
+                    name="Memory", results={0: "Pass", 1: "Fail"}, messages=["ECC error"]
                 )
             ],
         ),
     )
     assert failed_diag == ["GPU 1: dcgmi diag test 'Memory' Fail: ECC error"]
+    died = burnin_stage.judge(
+        2, burn(2, {0: "OK", 1: "OK"}, ["a gpu-burn worker died"]), 0, diag(True)
+    )
+    assert died == ["a gpu-burn worker died"]
     assert burnin_stage.judge(2, None, 2, None)[0] == (
         "gpu-burn failed (exit status 2) before reporting any GPU"
     )

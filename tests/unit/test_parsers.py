@@ -5,6 +5,7 @@ the driver/library mismatch, tabs turned into spaces, excerpts that stop mid-tab
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -532,4 +533,239 @@ def test_parsers_module_is_pure():
             else []
         )
     }
-    assert imported <= {"__future__", "re", "dataclasses"}, imported
+    assert imported <= {"__future__", "re", "json", "dataclasses", "typing"}, imported
+
+
+# --------------------------------------------------------------------------- gpu-burn
+
+
+def test_gpu_burn_current_version_passes():
+    result = parsers.parse_gpu_burn(fixture("gpu-burn/burn_1xRTX3060_fatbin_nixpkgs-pr524738.txt"))
+    assert (result.tested, result.gpus, result.errors, result.gflops) == (
+        1,
+        {0: "OK"},
+        [0],
+        [9360.0],
+    )
+    assert (result.died, result.aborted, result.seconds, result.doubles) == (
+        False,
+        False,
+        10,
+        False,
+    )
+    assert result.compare_file is not None and result.compare_file.endswith("/compare.fatbin")
+    assert result.progress_reports == 4 and result.init_errors == []
+    assert result.ok(1) and result.problems(1) == []
+    assert result.problems(2) == ["gpu-burn tested 1 GPUs, expected 2"]
+
+
+def test_gpu_burn_two_gpus_unfinished_excerpt():
+    text = fixture("gpu-burn/burn_2xRTX4090_gpu-burn-issue96_excerpt.txt")
+    result = parsers.parse_gpu_burn(text)
+    assert result.tested is None and result.gpus == {}
+    assert (result.gflops, result.errors, result.progress_reports) == (
+        [52045.0, 51946.0],
+        [0, 0],
+        5,
+    )
+    assert result.problems(2) == ["gpu-burn did not finish (no 'Tested N GPUs:' line)"]
+
+
+def test_gpu_burn_faulty_exits_zero_but_is_not_ok():
+    result = parsers.parse_gpu_burn(
+        fixture("gpu-burn/burn_16xV100-SXM3_faulty_gpu-burn-issue12_excerpt.txt")
+    )
+    assert result.tested == 16 and set(result.gpus.values()) == {"FAULTY"}
+    warned = [i for i, count in enumerate(result.errors) if count]
+    assert warned == [1, 2, 3, 4, 9, 11, 14]  # the "(WARNING!)" GPUs, counts overflowed
+    assert result.errors[1] == -524288000
+    assert not result.died and not result.ok(16)
+    assert result.problems(16)[0].startswith("FAULTY: GPU 0, GPU 1,")
+
+
+def test_gpu_burn_died_and_aborted():
+    result = parsers.parse_gpu_burn(fixture("gpu-burn/burn_1xT4_died_gpu-burn-issue53.txt"))
+    assert (result.died, result.aborted, result.tested, result.seconds) == (True, True, None, 10)
+    assert result.init_errors == ["Couldn't init a GPU test: Error:"]
+    assert result.gflops == [0.0] and result.errors == [0]
+    assert "gpu-burn aborted: no worker was alive" in result.problems(1)
+
+
+def test_gpu_burn_ok_without_any_report_is_not_ok():
+    result = parsers.parse_gpu_burn(
+        fixture("gpu-burn/burn_1xA2000_no-report_gpu-burn-issue124.txt")
+    )
+    assert result.gpus == {0: "OK"} and result.tested == 1
+    assert result.compare_file == "compare.ptx" and result.progress_reports == 0
+    assert result.problems(1) == ["no GPU ever reported progress"]
+
+
+def test_gpu_burn_raw_carriage_returns_and_interleaved_stderr():
+    """As a pipe receives it: reports overwritten with "\\r" on one line, stderr's "read[i]
+    error 0" (no newline) in the middle, tabs kept."""
+    lines = fixture("gpu-burn/burn_2xRTX4090_gpu-burn-issue96_excerpt.txt").splitlines()
+    reports = [ln for ln in lines if "proc'd" in ln]
+    raw = "\r" + "\r".join(reports[:3]) + "read[1] error 0\r" + reports[3] + "\n\tSummary at: x\n"
+    result = parsers.parse_gpu_burn(raw)
+    assert result.progress_reports == 4 and result.gflops == [52371.0, 52472.0]
+    died = reports[4].replace("324 (51946", "-1 (0").replace("0 - 0 ", "0 - 0  (DIED!)")
+    assert parsers.parse_gpu_burn(raw + "\r" + died).died
+
+
+@pytest.mark.parametrize(
+    "text", ["", "GPU 0: Tesla T4 (UUID: GPU-1)\n", "Tested 2 GPUs:\n", "50.0%  proc'd: x\n"]
+)
+def test_gpu_burn_refuses_other_output(text):
+    if text.startswith("Tested"):  # a verdict alone is gpu-burn output, just an unfinished one
+        assert parsers.parse_gpu_burn(text).tested == 2
+        return
+    with pytest.raises(ParseError):
+        parsers.parse_gpu_burn(text)
+
+
+def test_gpu_burn_list():
+    # No real `gpu_burn -l` transcript was found: the lines follow gpu_burn-drv.cpp's
+    # printf("ID %i: %s, %ldMB\n", ...) with cuDeviceTotalMem / 1000 / 1000 (34089730048 bytes
+    # for a V100-SXM2-32GB), after initCuda's stderr line.
+    text = (
+        "cuInit returned 0 (no error)\n"
+        "ID 0: Tesla V100-SXM2-32GB, 34089MB\n"
+        "ID 1: Tesla V100-SXM2-32GB, 34089MB\n"
+    )
+    devices = parsers.parse_gpu_burn_list(text)
+    assert devices == [
+        parsers.GpuBurnDevice(0, "Tesla V100-SXM2-32GB", 34089),
+        parsers.GpuBurnDevice(1, "Tesla V100-SXM2-32GB", 34089),
+    ]
+    assert devices[1] == (1, "Tesla V100-SXM2-32GB", 34089)
+    assert parsers.parse_gpu_burn_list("") == []
+    with pytest.raises(ParseError, match="gpu_burn -l"):
+        parsers.parse_gpu_burn_list(
+            "cuInit returned 100 (no CUDA-capable device is detected)\n"
+            "Couldn't init CUDA: Error (gpu_burn-drv.cpp:317): no CUDA-capable device is detected\n"
+        )
+
+
+# --------------------------------------------------------------------------- dcgmi
+
+
+def test_dcgmi_errors():
+    assert (
+        parsers.parse_dcgmi_error(fixture("dcgmi/error_no-hostengine_dcgm-exporter-issue193.txt"))
+        == "no_hostengine"
+    )
+    assert (
+        parsers.parse_dcgmi_error(
+            fixture("dcgmi/dmon-e1002_module-not-loaded_3.x_dcgm-issue50.txt")
+        )
+        == "module_not_loaded"
+    )
+    assert parsers.parse_dcgmi_error(fixture("dcgmi/discovery-l_8xH800_llm-action.txt")) is None
+
+
+def test_dcgmi_discovery_8_gpus():
+    gpus = parsers.parse_dcgmi_discovery(fixture("dcgmi/discovery-l_8xH800_llm-action.txt"))
+    assert [g.id for g in gpus] == list(range(8))
+    assert gpus[0] == parsers.DcgmGpu(
+        0, "NVIDIA H800", "00000000:18:00.0", "GPU-34bf77d1-c686-6821-79a8-32d326c5039c"
+    )
+    assert gpus[7].bus_id == "00000000:E2:00.0"
+
+
+def test_dcgmi_discovery_4x_layouts():
+    text = fixture("dcgmi/discovery-l_8xH800_llm-action.txt")
+    more = text + "0 ConnectX found.\n+----------+\n| ConnectX |\n+----------+\n+----------+\n"
+    assert len(parsers.parse_dcgmi_discovery(more)) == 8
+    active = text.replace("8 GPUs found.", "8 GPUs found (Active).")
+    assert len(parsers.parse_dcgmi_discovery(active)) == 8
+
+
+def test_dcgmi_discovery_refusals():
+    text = fixture("dcgmi/discovery-l_8xH800_llm-action.txt")
+    with pytest.raises(ParseError, match="8 GPUs found but the table lists 7"):
+        parsers.parse_dcgmi_discovery(
+            text.replace("8 GPUs found.", "8 GPUs found.", 1).replace(
+                "| 7      | Name: NVIDIA H800", "|        | Name: NVIDIA H800"
+            )
+        )
+    with pytest.raises(ParseError, match="no_hostengine"):
+        parsers.parse_dcgmi_discovery(
+            fixture("dcgmi/error_no-hostengine_dcgm-exporter-issue193.txt")
+        )
+    with pytest.raises(ParseError, match="GPUs found"):
+        parsers.parse_dcgmi_discovery("nothing here\n")
+
+
+def test_dcgmi_dmon_with_na_samples():
+    sample = parsers.parse_dcgmi_dmon(
+        fixture("dcgmi/dmon-i0-e1011,1012,1009,1010-c5_H800_llm-action.txt")
+    )
+    assert sample.columns == ["NVLTX", "NVLRX", "PCITX", "PCIRX"]
+    assert len(sample.rows) == 5 and {r.entity for r in sample.rows} == {"GPU 0"}
+    assert sample.rows[0].values == {"NVLTX": None, "NVLRX": None, "PCITX": None, "PCIRX": None}
+    assert sample.latest == {
+        "GPU 0": {"NVLTX": 0.0, "NVLRX": 0.0, "PCITX": 548740.0, "PCIRX": 1555.0}
+    }
+
+
+def test_dcgmi_dmon_refusals():
+    with pytest.raises(ParseError, match="module_not_loaded"):
+        parsers.parse_dcgmi_dmon(fixture("dcgmi/dmon-e1002_module-not-loaded_3.x_dcgm-issue50.txt"))
+    text = fixture("dcgmi/dmon-i0-e1011,1012,1009,1010-c5_H800_llm-action.txt")
+    with pytest.raises(ParseError, match="3 values for 4 fields"):
+        parsers.parse_dcgmi_dmon(text + "GPU 1     0    0    0\n")
+    with pytest.raises(ParseError, match="non-numeric"):
+        parsers.parse_dcgmi_dmon(text + "GPU 1     0    0    0    busy\n")
+    with pytest.raises(ParseError, match="header changed"):
+        parsers.parse_dcgmi_dmon(text + "#Entity   NVLTX\n")
+    with pytest.raises(ParseError, match="#Entity"):
+        parsers.parse_dcgmi_dmon("GPU 0 1 2\n")
+
+
+def test_dcgmi_diag_json_dcgm4_failure():
+    diag = parsers.parse_dcgmi_diag_json(fixture("dcgmi/diag-r1-j_GB10_4.2.3_fail.json"))
+    assert (diag.passed, diag.level, diag.version, diag.driver_version) == (
+        False,
+        1,
+        "4.2.3",
+        "580.82.09",
+    )
+    (test,) = diag.tests
+    assert (test.name, test.category, test.status, test.results) == (
+        "software",
+        "Deployment",
+        "Fail",
+        {0: "Fail"},
+    )
+    assert test.messages[0].startswith("Persistence Mode: Persistence mode for GPU 0 is disabled.")
+    assert test.info[0].startswith("Error getting the SRAM Threshold Count for GPU 0.")
+    assert (
+        parsers.parse_dcgmi_diag_json(fixture("dcgmi/diag-r1-j_GB10_4.2.3_fail.json"), 3).level == 3
+    )
+
+
+def test_dcgmi_diag_json_pass_and_runtime_error():
+    passing = fixture("dcgmi/diag-r1-j_GB10_4.2.3_fail.json").replace('"Fail"', '"Pass"')
+    assert parsers.parse_dcgmi_diag_json(passing).passed
+    # the shape of HelperDisplayFailureMessage's JSON (DCGM 4.4.1 dcgmi/Diag.cpp)
+    error = json.dumps({"DCGM Diagnostic": {"runtime_error": "Error: x", "version": "4.4.1"}})
+    diag = parsers.parse_dcgmi_diag_json(error)
+    assert (diag.passed, diag.tests, diag.runtime_error, diag.version) == (
+        False,
+        [],
+        "Error: x",
+        "4.4.1",
+    )
+
+
+def test_dcgmi_diag_json_refusals():
+    with pytest.raises(ParseError, match="3.x"):
+        parsers.parse_dcgmi_diag_json('{"DCGM GPU Diagnostic": {}}')
+    with pytest.raises(ParseError, match="no_hostengine"):
+        parsers.parse_dcgmi_diag_json(
+            fixture("dcgmi/error_no-hostengine_dcgm-exporter-issue193.txt")
+        )
+    with pytest.raises(ParseError, match="not valid JSON"):
+        parsers.parse_dcgmi_diag_json("{ nope")
+    with pytest.raises(ParseError, match="no JSON"):
+        parsers.parse_dcgmi_diag_json("Successfully ran diagnostic for group.\n")

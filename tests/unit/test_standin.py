@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import ast
 import copy
+import json
 import os
 import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -557,3 +561,740 @@ def test_fault_persistence(box: Box):
     box.save(st.default_state())
     box.persistence(False)  # the daemon stopped, or runs with --no-persistence-mode
     assert {r["persistence_mode"] for r in query(box)} == {"Disabled"}
+
+
+# --------------------------------------------------------------------------- DCGM and gpu-burn
+
+DCGM = "4.4.1"
+NO_HOSTENGINE = fixture("dcgmi/error_no-hostengine_dcgm-exporter-issue193.txt")
+
+
+class DcgmBox(Box):
+    """A Box with the stand-in dcgmi and nv-hostengine, and a bin directory holding them and
+    nvidia-smi (gpu_burn runs `nvidia-smi -L` through the shell, as the real one does)."""
+
+    def __init__(self, root: Path, state: dict[str, Any] | None = None) -> None:
+        super().__init__(root, state)
+        self.bin = root / "bin"
+        self.bin.mkdir(exist_ok=True)
+        for name, text in (
+            ("dcgmi", standin.dcgm_source(standin.DCGMI, DCGM)),
+            ("nv-hostengine", standin.dcgm_source(standin.NV_HOSTENGINE, DCGM)),
+            ("nvidia-smi", standin.nvidia_smi_source(PIN)),
+        ):
+            (self.bin / name).write_text(text)
+            (self.bin / name).chmod(0o755)
+        self.profiling = root / "libdcgmmoduleprofiling.so.4"
+        self.profiling.touch()
+
+    def env(self) -> dict[str, str]:
+        return {
+            **super().env(),
+            st.PROFILING_MODULE_ENV: str(self.profiling),
+            st.BURN_TICK_ENV: "0.05",
+            "PATH": f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "LC_ALL": "C",
+        }
+
+    def hostengine(self, running: bool) -> None:
+        marker = self.run / st.HOSTENGINE_FILE
+        if running:
+            marker.write_text(f"{os.getpid()} 127.0.0.1:5555\n")
+        else:
+            marker.unlink(missing_ok=True)
+
+    def dcgmi(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(self.bin / "dcgmi"), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    def dcgmi_ok(self, *args: str) -> str:
+        result = self.dcgmi(*args)
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr + result.stdout
+        return result.stdout
+
+
+@pytest.fixture
+def dbox(tmp_path: Path) -> DcgmBox:
+    box = DcgmBox(tmp_path)
+    box.hostengine(True)
+    return box
+
+
+def _load_script(path: Path) -> Any:
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader(path.name.replace("-", "_"), str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        standin.DCGMI,
+        standin.NV_HOSTENGINE,
+        standin.GPU_BURN_TREE / "gpu_burn.in",
+        standin.GPU_BURN_TREE / "nvcc-fatbin",
+    ],
+)
+def test_new_scripts_are_standalone_python3_stdlib_stand_ins(path: Path):
+    test_scripts_are_standalone_python3_stdlib_stand_ins(path)
+
+
+def test_gpu_burn_tree_is_a_labelled_stand_in():
+    assert sorted(p.name for p in standin.GPU_BURN_TREE.iterdir()) == sorted(standin.GPU_BURN_FILES)
+    for name in standin.GPU_BURN_FILES:
+        head = (standin.GPU_BURN_TREE / name).read_text().splitlines()[:3]
+        assert any("STAND-IN" in line for line in head), name
+        assert "never shipped to a real box" in (standin.GPU_BURN_TREE / name).read_text(), name
+
+
+def test_dcgm_version_placeholder():
+    for script in (standin.DCGMI, standin.NV_HOSTENGINE):
+        assert script.read_text().count(standin.DCGM_VERSION_PLACEHOLDER) == 1
+        assert 'DCGM_VERSION = "4.6.0"' in standin.dcgm_source(script, "4.6.0")
+
+
+def test_unsubstituted_dcgm_scripts_refuse(dbox: DcgmBox):
+    for script in (standin.DCGMI, standin.NV_HOSTENGINE):
+        result = subprocess.run(
+            [sys.executable, str(script), "--version"],
+            env=dbox.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 1 and "stand-in" in result.stderr
+
+
+def test_state_helpers_for_dcgm_and_burn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    state = st.default_state()
+    st.set_gpu_burn_faulty(state, 1, True)
+    st.set_gpu_nvlink_traffic(state, 0, 3_000_000_000, 2_000_000_000)
+    assert state["gpus"][1]["burn_faulty"] and not state["gpus"][0]["burn_faulty"]
+    assert state["gpus"][0]["nvlink_bandwidth_total"] == 5000
+    with pytest.raises(IndexError):
+        st.set_gpu_burn_faulty(state, 2, True)
+    monkeypatch.delenv(st.PROFILING_MODULE_ENV, raising=False)
+    assert st.profiling_module_path() == Path(
+        "/usr/lib/x86_64-linux-gnu/libdcgmmoduleprofiling.so.4"
+    )
+    monkeypatch.setenv(st.PROFILING_MODULE_ENV, str(tmp_path / "x.so"))
+    assert st.profiling_module_path() == tmp_path / "x.so"
+
+
+# --- dcgmi
+
+
+def test_dcgmi_without_host_engine_is_the_real_error(dbox: DcgmBox):
+    dbox.hostengine(False)
+    for args in (["discovery", "-l"], ["dmon", "-e", "449", "-c", "1"], ["diag", "-r", "1"]):
+        result = dbox.dcgmi(*args)
+        assert (result.returncode, result.stdout) == (235, NO_HOSTENGINE), args
+    assert parsers.parse_dcgmi_error(dbox.dcgmi("discovery", "-l").stdout) == "no_hostengine"
+    # a marker left by a host engine that died is no host engine
+    (dbox.run / st.HOSTENGINE_FILE).write_text("999999999 127.0.0.1:5555\n")
+    assert dbox.dcgmi("discovery", "-l").returncode == 235
+    result = dbox.dcgmi("--host", "10.0.0.5", "discovery", "-l")
+    assert result.stdout.splitlines()[0].endswith("specified host: 10.0.0.5")
+
+
+def test_dcgmi_version(dbox: DcgmBox):
+    dbox.hostengine(False)  # --version needs no host engine
+    assert dbox.dcgmi_ok("--version") == "\ndcgmi  version: 4.4.1\n\n"
+
+
+def test_dcgmi_discovery_is_the_real_layout(tmp_path: Path):
+    """The liguodongiot/llm-action 8x H800 machine as a state: DCGM 4.4 prints the 3.x
+    capture's tables byte for byte, then its ConnectX and CPU tables."""
+    real = fixture("dcgmi/discovery-l_8xH800_llm-action.txt")
+    rows = re.findall(r"PCI Bus ID: (\S+) .*\n.*Device UUID: (\S+) ", real)
+    assert len(rows) == 8
+    gpus = [dict(name="NVIDIA H800", bus_id=bus, uuid=uuid) for bus, uuid in rows]
+    box = DcgmBox(tmp_path, None)
+    state = st.default_state()
+    template = state["gpus"][0]
+    state["gpus"] = [dict(copy.deepcopy(template), **g) for g in gpus]
+    state["nvlinks"] = []
+    box.save(state)
+    box.hostengine(True)
+    out = box.dcgmi_ok("discovery", "-l")
+    assert out.startswith(real)
+    assert out[len(real) :] == (
+        "0 ConnectX found.\n+----------+\n| ConnectX |\n+----------+\n+----------+\n"
+        "0 CPUs found.\n"
+        + real.splitlines(keepends=True)[1]
+        + "| CPU ID | Device Information"
+        + " " * 51
+        + "|\n"
+        + real.splitlines(keepends=True)[1] * 2
+    )
+
+
+def test_dcgmi_discovery_round_trip_and_faults(dbox: DcgmBox):
+    gpus = parsers.parse_dcgmi_discovery(dbox.dcgmi_ok("discovery", "--list"))
+    assert [(g.id, g.name, g.bus_id, g.uuid) for g in gpus] == [
+        (i, g["name"], g["bus_id"], g["uuid"]) for i, g in enumerate(st.default_state()["gpus"])
+    ]
+    state = st.default_state()
+    st.set_gpu_present(state, 0, False)
+    dbox.save(state)
+    out = dbox.dcgmi_ok("discovery", "-l")
+    assert out.startswith("1 GPU found.\n")
+    assert [g.bus_id for g in parsers.parse_dcgmi_discovery(out)] == ["00000000:08:00.0"]
+
+
+def test_dcgmi_dmon_columns_are_the_real_layout(dbox: DcgmBox):
+    """DCGM 4.4's first column is 11 wide where the 3.1.8 capture's is 10; the field columns
+    (shortname, width + 8) are the same."""
+    real = fixture("dcgmi/dmon-i0-e1011,1012,1009,1010-c5_H800_llm-action.txt").splitlines()
+    state = st.default_state()
+    state["gpus"][0].update(pcie_tx_bytes=498948, pcie_rx_bytes=1555)
+    dbox.save(state)
+    out = dbox.dcgmi_ok("dmon", "-i", "0", "-e", "1011,1012,1009,1010", "-c", "3", "-d", "1")
+    lines = out.splitlines()
+    assert lines[0][:11] == "#Entity    " and lines[1] == "ID" + " " * 121
+    width = 28 * 3  # NVLTX, NVLRX, PCITX: WIDTH_20 fields in both versions
+    for ours, theirs in zip(lines[:5], real[:5], strict=True):
+        assert ours[11 : 11 + width] == theirs[10 : 10 + width]
+        assert ours.split()[:2] == theirs.split()[:2]
+    assert lines[4].split()[2:] == ["0", "0", "498948", "1555"]
+
+
+def test_dcgmi_dmon_round_trip(dbox: DcgmBox):
+    state = st.default_state()
+    st.set_gpu_nvlink_traffic(state, 1, 12_000_000_000, 11_000_000_000)
+    state["gpus"][0]["gpu_util"] = 97
+    dbox.save(state)
+    out = dbox.dcgmi_ok("dmon", "-e", "150,155,203,449,1011,1012", "-c", "3", "-d", "1")
+    sample = parsers.parse_dcgmi_dmon(out)
+    assert sample.columns == ["TMPTR", "POWER", "GPUTL", "NBWLT", "NVLTX", "NVLRX"]
+    assert [r.entity for r in sample.rows] == ["GPU 0", "GPU 1"] * 3
+    assert sample.rows[0].values["NVLTX"] is None  # profiling fields: N/A at first
+    assert sample.latest["GPU 1"] == {
+        "TMPTR": 28.0,
+        "POWER": 39.0,
+        "GPUTL": 0.0,
+        "NBWLT": 23000.0,
+        "NVLTX": 12e9,
+        "NVLRX": 11e9,
+    }
+    assert sample.latest["GPU 0"]["GPUTL"] == 97.0
+    assert "39.000" in out  # power is a double, printed %.3f
+    one = parsers.parse_dcgmi_dmon(dbox.dcgmi_ok("dmon", "-e", "449,1011,1012", "-c", "1"))
+    assert one.latest["GPU 0"] == {"NBWLT": 0.0, "NVLTX": None, "NVLRX": None}
+
+
+def test_dcgmi_dmon_without_the_profiling_module(dbox: DcgmBox):
+    dbox.profiling.unlink()
+    result = dbox.dcgmi("dmon", "-e", "449,1011,1012", "-c", "1")
+    real = fixture("dcgmi/dmon-e1002_module-not-loaded_3.x_dcgm-issue50.txt").splitlines(True)
+    assert result.returncode == 223
+    assert result.stderr == "".join(real[2:])
+    assert result.stdout.startswith("#Entity    NBWLT") and result.stdout.count("\n") == 2
+    assert parsers.parse_dcgmi_error(result.stderr) == "module_not_loaded"
+    # fields the core module serves still work
+    assert dbox.dcgmi_ok("dmon", "-e", "150,449", "-c", "1").count("GPU ") == 2
+
+
+def test_dcgmi_dmon_until_a_signal(dbox: DcgmBox):
+    proc = subprocess.Popen(
+        [sys.executable, str(dbox.bin / "dcgmi"), "dmon", "-e", "150", "-d", "50"],
+        env=dbox.env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(4)]
+    assert lines[2].startswith("GPU 0")
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert rest.endswith("\n\ndmon was stopped due to receiving a signal\n")
+
+
+def test_dcgmi_diag_json_is_jsoncpp_layout():
+    """jsoncpp 1.9.5 (DCGM 4.4.1's) writes the real capture's document like this; the capture
+    lost the space jsoncpp leaves after " :" at a line end."""
+    dcgmi = _load_script(standin.DCGMI)
+    real = fixture("dcgmi/diag-r1-j_GB10_4.2.3_fail.json")
+    ours = dcgmi.styled(json.loads(real))
+    assert ours.endswith("}\n") and '" : \n' in ours
+    assert [ln.rstrip() for ln in ours.splitlines()] == real.splitlines()
+
+
+def test_dcgmi_diag_levels_pass(dbox: DcgmBox):
+    names = {}
+    for level in ("1", "2", "3", "4"):
+        result = dbox.dcgmi("diag", "-r", level, "-j")
+        assert result.returncode == 0, result.stderr
+        diag = parsers.parse_dcgmi_diag_json(result.stdout)
+        assert diag.passed and diag.level == int(level)
+        assert (diag.version, diag.driver_version) == (DCGM, PIN)
+        assert all(t.results == {0: "Pass", 1: "Pass"} for t in diag.tests)
+        names[level] = [t.name for t in diag.tests]
+    assert names["1"] == ["software"]
+    assert names["2"] == ["software", "pcie", "memory"]
+    assert set(names["4"]) - set(names["3"]) == {"memtest", "pulse_test"}
+    doc = json.loads(dbox.dcgmi_ok("diag", "-r", "quick", "-j"))
+    assert doc["entity_groups"] == [
+        {
+            "entities": [
+                {"device_id": "1db5", "entity_id": 0},
+                {"device_id": "1db5", "entity_id": 1},
+            ],
+            "entity_group": "GPU",
+            "entity_group_id": 1,
+        }
+    ]
+    one = parsers.parse_dcgmi_diag_json(dbox.dcgmi_ok("diag", "-r", "2", "-j", "-i", "1"))
+    assert all(t.results == {1: "Pass"} for t in one.tests)
+
+
+def test_dcgmi_diag_persistence_off_is_the_real_finding(dbox: DcgmBox):
+    dbox.persistence(False)
+    result = dbox.dcgmi("diag", "-r", "1", "-j")
+    assert result.returncode == 226  # DCGM_ST_NVVS_ERROR, as the GB10 capture's dcgmi exited
+    diag = parsers.parse_dcgmi_diag_json(result.stdout)
+    real = parsers.parse_dcgmi_diag_json(fixture("dcgmi/diag-r1-j_GB10_4.2.3_fail.json"))
+    assert not diag.passed and diag.tests[0].results == {0: "Fail", 1: "Fail"}
+    assert diag.tests[0].messages[0] == real.tests[0].messages[0]
+    ours = json.loads(result.stdout)["DCGM Diagnostic"]["test_categories"][0]["tests"][0]
+    theirs = json.loads(fixture("dcgmi/diag-r1-j_GB10_4.2.3_fail.json"))
+    assert (
+        ours["results"][0]
+        == theirs["DCGM Diagnostic"]["test_categories"][0]["tests"][0]["results"][0]
+    )
+
+
+def test_dcgmi_diag_faulty_gpu(dbox: DcgmBox):
+    state = st.default_state()
+    st.set_gpu_burn_faulty(state, 1, True)
+    dbox.save(state)
+    assert dbox.dcgmi("diag", "-r", "1", "-j").returncode == 0  # software checks only
+    result = dbox.dcgmi("diag", "-r", "2", "-j")
+    assert result.returncode == 205  # DCGM_ST_NVVS_ISOLATE_ERROR
+    diag = parsers.parse_dcgmi_diag_json(result.stdout)
+    memory = next(t for t in diag.tests if t.name == "memory")
+    assert not diag.passed and memory.results == {0: "Pass", 1: "Fail"}
+    assert memory.messages == ["Found 4 faulty memory elements on GPU 1"]
+    cli = dbox.dcgmi("diag", "-r", "2")
+    assert cli.returncode == 205
+    assert "| Warning: GPU1             | Found 4 faulty memory elements on GPU 1        |\n" in (
+        cli.stdout
+    )
+
+
+def test_dcgmi_diag_table_is_the_real_layout(dbox: DcgmBox):
+    real = fixture("dcgmi/diag-r2_1xT4_3.3.1_go-dcgm-issue52_excerpt.txt").splitlines(True)
+    out = dbox.dcgmi_ok("diag", "-r", "2").splitlines(True)
+    assert out[:5] == real[:5]  # banner, frame, Metadata
+    assert out[5] == real[5].replace("3.3.1", "4.4.1")
+    assert out[6] == real[6].replace("535.129.03", PIN)
+    assert out[7] == real[7].replace("1eb8" + " " * 6, "1db5, 1db5")
+    assert out[8] == real[8]  # the Deployment banner
+    assert (
+        out[9] == "| software                  | Pass                                           |\n"
+    )
+    assert (
+        out[-1]
+        == "+---------------------------+------------------------------------------------+\n"
+    )
+    assert all(len(line) == 79 for line in out[1:])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-v"],
+        ["nvlink", "-s"],
+        ["discovery", "-c"],
+        ["dmon", "-l"],
+        ["dmon", "-e", "1001"],
+        ["dmon", "-e", "449", "-i", "7"],
+        ["diag", "-r", "memory"],
+        ["diag", "-r", "5"],
+    ],
+)
+def test_dcgmi_unsupported_requests_say_stand_in(dbox: DcgmBox, args: list[str]):
+    result = dbox.dcgmi(*args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("gpubox sandbox stand-in dcgmi:")
+
+
+# --- nv-hostengine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _start_hostengine(box: DcgmBox, *args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(box.bin / "nv-hostengine"), *args],
+        env=box.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc
+
+
+def test_nv_hostengine_listens_marks_and_stops_on_sigterm(tmp_path: Path):
+    box = DcgmBox(tmp_path)
+    port = _free_port()
+    proc = _start_hostengine(box, "-n", "--service-account", "nvidia-dcgm", "-p", str(port))
+    assert proc.stdout is not None
+    try:
+        line = proc.stdout.readline()
+        assert line == f"Started host engine version 4.4.1 using port number: {port} \n"
+        marker = (box.run / st.HOSTENGINE_FILE).read_text().split()
+        assert marker == [str(proc.pid), f"127.0.0.1:{port}"]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        assert parsers.parse_dcgmi_discovery(box.dcgmi_ok("discovery", "-l"))
+        # the port is taken now: a second one fails like the real one
+        second = _start_hostengine(box, "-n", "-p", str(port))
+        out, _ = second.communicate(timeout=30)
+        assert (second.returncode, out) == (255, "Err: Failed to start DCGM Server: -7\n")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert not (box.run / st.HOSTENGINE_FILE).exists()
+    assert box.dcgmi("discovery", "-l").returncode == 235
+
+
+def test_nv_hostengine_bind_all_and_unix_socket(tmp_path: Path):
+    box = DcgmBox(tmp_path)
+    port = _free_port()
+    proc = _start_hostengine(box, "-n", "-b", "ALL", "-p", str(port))
+    assert proc.stdout is not None
+    try:
+        proc.stdout.readline()
+        assert (box.run / st.HOSTENGINE_FILE).read_text().split()[1] == f"*:{port}"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    path = tmp_path / "he.sock"
+    proc = _start_hostengine(box, "-n", "-d", str(path))
+    assert proc.stdout is not None
+    try:
+        assert (
+            proc.stdout.readline()
+            == f"Started host engine version 4.4.1 using socket path: {path} \n"
+        )
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(path))
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0 and not path.exists()
+
+
+def test_nv_hostengine_daemon_and_term(tmp_path: Path):
+    box = DcgmBox(tmp_path)
+    pidfile = tmp_path / "nvhostengine.pid"
+    port = str(_free_port())
+    run = [sys.executable, str(box.bin / "nv-hostengine")]
+    started = subprocess.run(
+        [*run, "-p", port, "--pid", str(pidfile)],
+        env=box.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert started.returncode == 0
+    assert started.stdout == f"Started host engine version 4.4.1 using port number: {port} \n"
+    pid = int(pidfile.read_text())
+    assert (box.run / st.HOSTENGINE_FILE).read_text().split()[0] == str(pid)
+    again = subprocess.run(
+        [*run, "-p", port, "--pid", str(pidfile)],
+        env=box.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (again.returncode, again.stdout) == (1, f"Host engine already running with pid {pid}\n")
+    stop = subprocess.run(
+        [*run, "-t", "--pid", str(pidfile)],
+        env=box.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert stop.stdout == "Host engine successfully terminated.\n"
+    assert not (box.run / st.HOSTENGINE_FILE).exists()
+
+
+def test_nv_hostengine_bad_arguments(tmp_path: Path):
+    box = DcgmBox(tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(box.bin / "nv-hostengine"), "-n", "--bogus"],
+        env=box.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 255
+    assert "nv-hostengine failed to parse command line arguments" in result.stderr
+
+
+# --- gpu-burn
+
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+NVCC_128 = fixture("nvcc/nvcc-version_12.8.93_1cat-issue237.txt")
+NVCC_130 = fixture("nvcc/nvcc-version_13.0.88_local.txt")
+
+
+class BurnTree:
+    """The stand-in gpu-burn tree unpacked in a temporary directory, with a CUDA toolkit whose
+    nvcc only answers --version (the sandbox's stand-in nvcc does the same)."""
+
+    def __init__(self, box: DcgmBox, banner: str | None = NVCC_128) -> None:
+        self.box = box
+        self.src = box.root / "gpu-burn"
+        shutil.copytree(standin.GPU_BURN_TREE, self.src)
+        self.cuda = box.root / "cuda-12.8"
+        (self.cuda / "bin").mkdir(parents=True)
+        if banner is not None:
+            nvcc = self.cuda / "bin" / "nvcc"
+            nvcc.write_text(f"#!/bin/sh\ncat <<'EOF'\n{banner}EOF\n")
+            nvcc.chmod(0o755)
+
+    def make(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["make", f"CUDAPATH={self.cuda}", *args],
+            cwd=self.src,
+            env=self.box.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def burn(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.src / "gpu_burn"), *args],
+            cwd=cwd or self.src,
+            env=self.box.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+
+@pytest.fixture
+def tree(dbox: DcgmBox) -> BurnTree:
+    tree = BurnTree(dbox)
+    result = tree.make("COMPUTE=70")
+    assert result.returncode == 0, result.stderr
+    return tree
+
+
+def terminal(text: str) -> str:
+    """What a terminal shows: each "\\r" returns to the line start (no line here is longer
+    than the one it overwrites), tabs at 8."""
+    return "\n".join(line.split("\r")[-1] for line in text.split("\n")).expandtabs(8)
+
+
+@needs_make
+def test_make_builds_for_compute_70_with_cuda_12_8(tree: BurnTree):
+    assert (tree.src / "compare.fatbin").read_text().splitlines()[1:] == [
+        "nvcc release 12.8",
+        "image compute_70",
+    ]
+    script = (tree.src / "gpu_burn").read_text()
+    assert 'COMPUTE = "70"' in script and os.access(tree.src / "gpu_burn", os.X_OK)
+    clean = tree.make("clean")
+    assert clean.returncode == 0 and not (tree.src / "gpu_burn").exists()
+
+
+@needs_make
+def test_make_with_cuda_13_refuses_compute_70(dbox: DcgmBox):
+    tree = BurnTree(dbox, NVCC_130)
+    result = tree.make("COMPUTE=70")
+    assert result.returncode == 2
+    assert "nvcc fatal   : Unsupported gpu architecture 'compute_70'\n" in result.stderr
+    assert "make: *** [Makefile:39: compare.fatbin] Error 1\n" in result.stderr
+    assert not (tree.src / "compare.fatbin").exists() and not (tree.src / "gpu_burn").exists()
+    assert tree.make("COMPUTE=75").returncode == 0  # what CUDA 13 can still target
+
+
+@needs_make
+def test_make_without_nvcc_fails_in_the_shell(dbox: DcgmBox):
+    tree = BurnTree(dbox, None)
+    result = tree.make("COMPUTE=70")
+    assert result.returncode == 2
+    assert f"{tree.cuda}/bin/nvcc: not found\n" in result.stderr
+    assert "make: *** [Makefile:39: compare.fatbin] Error 127\n" in result.stderr
+
+
+@needs_make
+def test_burn_passes_in_the_real_format(tree: BurnTree):
+    result = tree.burn("1")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "cuInit returned 0 (no error)\n" * 2
+    shown = terminal(result.stdout).splitlines()
+    assert shown[:4] == [
+        "Using compare file: compare.fatbin",
+        "Burning for 1 seconds.",
+        *fixture("nvidia-smi/list_2xV100-SXM2-32GB.txt").splitlines(),
+    ]
+    assert shown[4] == (
+        "Initialized device 0 with 32510 MB of memory (32138 MB available, using 28924 MB of "
+        "it), using FLOATS"
+    )
+    assert shown[5] == "Results are 268435456 bytes each, thus performing 110 iterations"
+    # the end, as the nixpkgs transcript of the current version shows it for one GPU
+    real = fixture("gpu-burn/burn_1xRTX3060_fatbin_nixpkgs-pr524738.txt").splitlines()
+    end = shown[shown.index("Killing processes with SIGTERM (soft kill)") :]
+    assert end == [
+        *real[16:19],
+        "Freed memory for dev 1",
+        "Uninitted cublas",
+        *real[19:21],
+        real[21].replace("1 GPUs", "2 GPUs"),
+        real[22],
+        real[22].replace("GPU 0", "GPU 1"),
+    ]
+    summary = next(line for line in shown if "Summary at:" in line)
+    assert re.fullmatch(r" {8}Summary at:   \w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \w+ \d{4}", summary)
+    progress = [s for line in result.stdout.split("\n") for s in line.split("\r") if "proc'd" in s]
+    assert re.fullmatch(
+        r"\d+\.\d%  proc'd: \d+ \(14000 Gflop/s\) - \d+ \(14000 Gflop/s\)   errors: 0 - 0   "
+        r"temps: 32 C - 28 C ",
+        progress[-1],
+    )
+    burn = parsers.parse_gpu_burn(result.stdout)
+    assert burn.ok(2) and burn.gflops == [14000.0, 14000.0] and burn.seconds == 1
+
+
+@needs_make
+def test_burn_faulty_gpu_exits_zero(tree: BurnTree):
+    state = st.default_state()
+    st.set_gpu_burn_faulty(state, 1, True)
+    tree.box.save(state)
+    result = tree.burn("-d", "1")
+    assert result.returncode == 0
+    assert result.stdout.endswith("\nTested 2 GPUs:\n\tGPU 0: OK\n\tGPU 1: FAULTY\n")
+    assert "errors: 0 - 4096  (WARNING!)  temps:" in result.stdout
+    assert "using DOUBLES" in result.stdout and "(6100 Gflop/s)" in result.stdout
+    burn = parsers.parse_gpu_burn(result.stdout)
+    assert burn.gpus == {0: "OK", 1: "FAULTY"} and burn.errors[1] > 0
+    assert burn.problems(2) == ["FAULTY: GPU 1"]
+
+
+@needs_make
+def test_burn_one_gpu_and_options(tree: BurnTree):
+    result = tree.burn("-tc", "-m", "50%", "-i", "1", "1")
+    assert result.returncode == 0
+    assert (
+        "Initialized device 1 with 32510 MB of memory (32138 MB available, using 16069 MB "
+        "of it), using FLOATS, using Tensor Cores\n" in result.stdout
+    )
+    assert result.stdout.endswith(
+        "Freed memory for dev 1\nUninitted cublas\ndone\n\nTested 1 GPUs:\n\tGPU 0: OK\n"
+    )
+    assert parsers.parse_gpu_burn(result.stdout).ok(1)
+    listing = tree.burn("-l")
+    assert listing.stderr == "cuInit returned 0 (no error)\n"
+    assert parsers.parse_gpu_burn_list(listing.stdout) == [
+        (0, "Tesla V100-SXM2-32GB", 34089),
+        (1, "Tesla V100-SXM2-32GB", 34089),
+    ]
+    help_text = tree.burn("-h").stdout
+    assert help_text.startswith("GPU Burn\nUsage: gpu-burn [OPTIONS] [TIME]\n\n-m X\tUse X MB")
+    bad = tree.burn("-m", "lots", "1")
+    assert (bad.returncode, bad.stderr) == (22, "Syntax error near -m\n")
+    no_time = tree.burn("-i", "0")
+    assert no_time.stdout.startswith(
+        "Run length not specified in the command line. Using compare file: compare.fatbin\n"
+        "Burning for 10 seconds.\n"
+    )
+
+
+@needs_make
+def test_burn_default_compute_75_cannot_run_on_volta(dbox: DcgmBox):
+    tree = BurnTree(dbox)
+    assert tree.make().returncode == 0  # COMPUTE ?= 75, as the real Makefile
+    assert 'COMPUTE = "75"' in (tree.src / "gpu_burn").read_text()
+    result = tree.burn("1")
+    assert result.returncode == 123  # ENOMEDIUM
+    message = (
+        "Couldn't init a GPU test: Error in load module (gpu_burn-drv.cpp:244): "
+        "no kernel image is available for execution on the device\n"
+    )
+    assert result.stderr.count(message) == 2
+    assert result.stderr.endswith(
+        "read[0] error 0read[1] error 0\n\nNo clients are alive!  Aborting\n"
+    )
+    assert "proc'd: -1 (0 Gflop/s) - -1 (0 Gflop/s)   errors: 0  (DIED!)- 0  (DIED!)" in (
+        result.stdout
+    )
+    burn = parsers.parse_gpu_burn(result.stdout + result.stderr)
+    assert burn.aborted and burn.died and burn.tested is None
+    assert burn.init_errors[0] == message.strip()
+
+
+@needs_make
+def test_burn_needs_compare_fatbin_in_the_working_directory(tree: BurnTree):
+    elsewhere = tree.box.root / "elsewhere"
+    elsewhere.mkdir()
+    result = tree.burn("1", cwd=elsewhere)
+    assert result.returncode == 123
+    assert (
+        result.stderr.count(
+            "Couldn't init a GPU test: Error in couldn't find compare kernel: compare.fatbin "
+            "(gpu_burn-drv.cpp:241): named symbol not found\n"
+        )
+        == 2
+    )
+    found = tree.burn("-c", str(tree.src / "compare.fatbin"), "1", cwd=elsewhere)
+    assert found.returncode == 0 and parsers.parse_gpu_burn(found.stdout).ok(2)
+
+
+@needs_make
+def test_burn_without_gpus(tree: BurnTree):
+    bad_id = tree.burn("-i", "5", "1")
+    assert bad_id.returncode == 123
+    assert "Couldn't init a GPU test: Error (gpu_burn-drv.cpp:112): invalid device ordinal\n" in (
+        bad_id.stderr
+    )
+    tree.box.load_driver(None)
+    result = tree.burn("1")
+    assert result.returncode == 19  # ENODEV
+    assert result.stderr == (
+        "cuInit returned 100 (no CUDA-capable device is detected)\n"
+        "Couldn't init CUDA: Error (gpu_burn-drv.cpp:317): no CUDA-capable device is detected\n"
+        "Couldn't init a GPU test: Error (gpu_burn-drv.cpp:112): initialization error\n"
+        "No CUDA devices\n"
+    )
+    assert parsers.parse_smi_error(result.stdout) == "no_driver"  # its `nvidia-smi -L`
+    listing = tree.burn("-l")
+    assert listing.returncode == -signal.SIGABRT
+    assert listing.stderr.endswith("  what():  No CUDA capable GPUs found.\n\n")
+
+
+def test_unbuilt_gpu_burn_template_refuses(dbox: DcgmBox):
+    result = subprocess.run(
+        [sys.executable, str(standin.GPU_BURN_TREE / "gpu_burn.in"), "1"],
+        env=dbox.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1 and "stand-in" in result.stderr

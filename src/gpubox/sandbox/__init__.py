@@ -5,10 +5,11 @@ like any other host, plus a stand-in NVIDIA apt repository and stand-in GPUs. No
 ever shipped to a real box, and no stage knows the sandbox exists: inventories/sandbox.py
 turns ``box_info()`` into ordinary host data.
 
-    gpubox sandbox up | down | status | ssh -- CMD | exec -- CMD
+    gpubox sandbox up | down | status | ssh -- CMD | exec -- CMD | fault NAME | image
 """
 
 from gpubox.sandbox.box import (
+    CHECK_IMAGE,
     FAULTS,
     NAME,
     SandboxError,
@@ -18,6 +19,7 @@ from gpubox.sandbox.box import (
     down,
     hardware_state,
     is_up,
+    load_check_image,
     netns_argv,
     plant_fault,
     save_hardware_state,
@@ -29,6 +31,7 @@ from gpubox.sandbox.box import (
 )
 
 __all__ = [
+    "CHECK_IMAGE",
     "FAULTS",
     "NAME",
     "SandboxError",
@@ -38,6 +41,7 @@ __all__ = [
     "down",
     "hardware_state",
     "is_up",
+    "load_check_image",
     "netns_argv",
     "plant_fault",
     "save_hardware_state",

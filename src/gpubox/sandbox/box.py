@@ -64,6 +64,8 @@ DEBOOTSTRAP_INCLUDE = (
 )
 # Bump when the rootfs customisation below changes: it is part of the cache key.
 ROOTFS_RECIPE_VERSION = 1
+# The container image the host checks run in the box (load_check_image), never from a registry.
+CHECK_IMAGE = "gpubox.local/check:1"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 
@@ -663,6 +665,28 @@ def clear_faults(info: dict[str, Any] | None = None) -> dict[str, Any]:
     return fresh
 
 
+# --------------------------------------------------------------------------- check image
+
+
+def load_check_image(info: dict[str, Any] | None = None) -> str:
+    """The container image for the host checks, built in the box and loaded into its Docker
+    (once; quick when it is there): busybox and python3 from the box's own Debian packages,
+    enough to run the stand-in nvidia-smi that the stand-in container toolkit mounts. Needs
+    Docker installed in the box. Returns the image name (box.json ``check_image``)."""
+    from gpubox.sandbox import repo as standin_repo
+
+    info = info or box_info()
+    name = info.get("check_image", CHECK_IMAGE)
+    script = (standin_repo.PACKAGES_DIR / "check-image" / "build-check-image").read_text()
+    result = ssh(["python3", "-", name], check=False, timeout=600, info=info, input=script)
+    if result.returncode != 0 or result.stdout.strip().splitlines()[-1:] != [name]:
+        raise SandboxError(
+            f"could not build the check image {name} in the box (exit {result.returncode}):\n"
+            f"{result.stderr}{result.stdout}"
+        )
+    return name
+
+
 # --------------------------------------------------------------------------- state
 
 
@@ -1010,6 +1034,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
         "ssh_config": str(ssh_config),
         "ssh_host_alias": NAME,
         "debian_mirror": mirror,
+        "check_image": CHECK_IMAGE,
         "processes": {},
     }
     state.update(standin_repo.repo_facts(repo, REPO_PORT))

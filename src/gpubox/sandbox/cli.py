@@ -7,6 +7,8 @@ gpubox sandbox ssh [-- CMD ...]   a shell or a command in the box (exit status p
 gpubox sandbox exec -- CMD ...    a host command inside the box's network namespace,
                                   where the box is 127.0.0.1 (pyinfra, pytest)
 gpubox sandbox fault NAME|clear   plant a stand-in hardware fault (or clear them all)
+gpubox sandbox image              build and load the host checks' container image in the
+                                  box (Docker must be installed there); prints its name
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def _print_facts(info: dict[str, object]) -> None:
         "repo_url",
         "key_url",
         "key_fingerprint",
+        "toolkit_repo_url",
+        "toolkit_key_url",
+        "toolkit_key_fingerprint",
+        "gpu_burn_url",
+        "gpu_burn_commit",
+        "gpu_burn_sha256",
+        "check_image",
         "state_dir",
     )
     for key in keys:
@@ -75,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     fault.add_argument("name", choices=[*box.FAULTS, "clear"])
     fault.add_argument("--gpu", type=int, help="the GPU's position in the state (0, 1)")
     fault.add_argument("--link", type=int, help="the NVLink port of that GPU")
+    sub.add_parser(
+        "image",
+        help="build and load the host checks' container image in the box; prints its name",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -116,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 box.clear_faults()
             else:
                 box.plant_fault(args.name, gpu=args.gpu, link=args.link)
+            return 0
+        if args.action == "image":
+            print(box.load_check_image())
             return 0
         if args.action == "exec":
             command = _command(args.command)

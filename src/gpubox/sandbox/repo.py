@@ -13,6 +13,25 @@ temptation). Every package is a small stand-in built here at run time with dpkg-
 they contain lives in ``packages/`` (and ``standin/`` for nvidia-smi and lspci). None of this
 is ever shipped to a real box.
 
+The same repository also carries NVIDIA's DCGM packages (datacenter-gpu-manager-4-*), at the
+catalog's version and a newer one, as NVIDIA's CUDA repository does.
+
+Beside it, the same server publishes what else the deploy downloads from places a test machine
+cannot reach:
+
+- a stand-in of NVIDIA's container toolkit repository (nvidia.github.io/libnvidia-container),
+  flat like the real one: ``deb [signed-by=KEYRING] URL/stable/deb/$(ARCH) /`` (apt expands
+  ``$(ARCH)`` to amd64), signed by a second throwaway key of its own, published
+  ASCII-armored as ``gpgkey`` like NVIDIA's; the four toolkit packages at the catalog's version
+  and a newer one, with NVIDIA's dependency shape (docs.nvidia.com container-toolkit
+  arch-overview: nvidia-container-toolkit Depends nvidia-container-toolkit-base (= version),
+  libnvidia-container-tools (>= version); libnvidia-container-tools Depends
+  libnvidia-container1 (>= version)), so installing one package alone drags in the newer ones;
+- gpu-burn's source as GitHub's archive endpoint serves it
+  (``github/wilicc/gpu-burn/archive/<commit>.tar.gz``, top directory ``gpu-burn-<commit>/``),
+  built from the stand-in source tree in ``standin/gpu-burn`` with fixed modes and times and
+  ``gzip -n``, so its sha256 is stable; the commit id is derived from the tree's content.
+
 The server binds 127.0.0.1 inside the box's network namespace, and exits when the box's
 supervisor process is gone (or on SIGTERM), so it never outlives the box.
 """
@@ -22,14 +41,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gzip
 import hashlib
 import http.server
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -50,7 +72,30 @@ LABEL = "NVIDIA CUDA"
 MAINTAINER = "gpubox sandbox stand-in <sandbox@gpubox.invalid>"
 KEY_UID = "gpubox sandbox stand-in NVIDIA CUDA repository (throwaway) <sandbox@gpubox.invalid>"
 # Bump when the way packages are built changes: it is part of the cache key.
-REPO_FORMAT_VERSION = 1
+REPO_FORMAT_VERSION = 2
+
+# The container toolkit repository, laid out as nvidia.github.io/libnvidia-container serves it.
+TOOLKIT_URL_PATH = "libnvidia-container/stable/deb/"  # + "$(ARCH)", which apt expands
+TOOLKIT_ARCH = "amd64"
+TOOLKIT_KEY_PATH = "libnvidia-container/gpgkey"
+TOOLKIT_KEY_UID = (
+    "gpubox sandbox stand-in NVIDIA container toolkit repository (throwaway) "
+    "<sandbox@gpubox.invalid>"
+)
+# Toolkit releases the stand-in knows, with the commit `nvidia-ctk --version` prints (git
+# rev-parse of the tags v1.17.8 and v1.18.0 in NVIDIA/nvidia-container-toolkit); the catalog's
+# version is served with a newer one beside it, as the temptation.
+TOOLKIT_COMMITS = {
+    "1.17.8": "f202b80a9b9d0db00d9b1d73c0128c8962c55f4d",
+    "1.18.0": "f8daa5e26de9fd7eb79259040b6dd5a52060048c",
+}
+TOOLKIT_TEMPTATION = "1.18.0-1"
+# DCGM: the catalog's version and a newer one (NVIDIA's CUDA repository carries both).
+DCGM_TEMPTATION = "1:4.5.0-1"
+# gpu-burn's source, where GitHub's archive endpoint has it.
+GPU_BURN_URL_PATH = "github/wilicc/gpu-burn/archive/"
+# The stand-in commit's time (the tar entries' mtime), fixed so the tarball is reproducible.
+GPU_BURN_COMMIT_TIME = 1780185600  # 2026-05-31T00:00:00Z
 
 # CUDA toolkit stand-ins: what `nvcc --version` prints, and the versions of the packages
 # around the toolkit meta package (catalog.yml cuda.versions holds the meta package version).
@@ -114,10 +159,12 @@ class Deb:
     version: str
     description: str
     depends: list[str] = field(default_factory=list)
+    pre_depends: list[str] = field(default_factory=list)
     recommends: list[str] = field(default_factory=list)
     provides: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     replaces: list[str] = field(default_factory=list)
+    breaks: list[str] = field(default_factory=list)
     section: str = "non-free/libs"
     # path in the package (no leading slash) -> (content, mode)
     files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
@@ -135,10 +182,12 @@ class Deb:
             ("Maintainer", MAINTAINER),
             ("Section", self.section),
             ("Priority", "optional"),
+            ("Pre-Depends", ", ".join(self.pre_depends)),
             ("Depends", ", ".join(self.depends)),
             ("Recommends", ", ".join(self.recommends)),
             ("Provides", ", ".join(self.provides)),
             ("Conflicts", ", ".join(self.conflicts)),
+            ("Breaks", ", ".join(self.breaks)),
             ("Replaces", ", ".join(self.replaces)),
             (
                 "Description",
@@ -469,7 +518,165 @@ def cuda_packages(cuda: str, cat: dict[str, Any]) -> list[Deb]:
     return debs
 
 
+def dcgm_packages(version: str) -> list[Deb]:
+    """DCGM 4 as NVIDIA's CUDA repository ships it (DCGM cmake/packaging.cmake, scripts/deb), as
+    stand-ins: -core carries nv-hostengine, dcgmi and nvidia-dcgm.service; -proprietary the
+    profiling module that the NVLink fields 1011/1012 need (the dcgmi stand-in looks for it)."""
+    upstream = version.split(":")[-1].split("-")[0]  # 4.4.1
+    major = upstream.split(".")[0]
+    same = f"(= {version})"
+    values = {"version": version, "upstream": upstream}
+    prefix = f"datacenter-gpu-manager-{major}"
+
+    core = Deb(
+        f"{prefix}-core",
+        version,
+        "NVIDIA Datacenter GPU Management Tools - core",
+        depends=["libc6 (>= 2.27)", "lshw"],
+        pre_depends=["passwd", "login"],
+        conflicts=["datacenter-gpu-manager"],
+        section="multiverse/devel",
+    )
+    # the other stand-ins' home: standin/STATE.md
+    core.add("usr/bin/nv-hostengine", standin.dcgm_source(standin.NV_HOSTENGINE, upstream), 0o755)
+    core.add("usr/bin/dcgmi", standin.dcgm_source(standin.DCGMI, upstream), 0o755)
+    core.add(
+        "usr/lib/systemd/system/nvidia-dcgm.service",
+        _template("dcgm/nvidia-dcgm.service", **values),
+    )
+    core.add(f"{LIBDIR}/libdcgm.so.{upstream}", _dummy_library(f"libdcgm.so.{major}", core.name))
+    core.links[f"{LIBDIR}/libdcgm.so.{major}"] = f"libdcgm.so.{upstream}"
+    core.scripts["postinst"] = _template("dcgm/core-postinst", **values)
+
+    cuda12 = Deb(
+        f"{prefix}-cuda12",
+        version,
+        "NVIDIA Datacenter GPU Management Tools - CUDA 12 support",
+        depends=[f"{core.name} {same}"],
+        provides=[f"{prefix} {same}"],
+        recommends=["libnuma1"],
+        section="multiverse/devel",
+    )
+    plugins = f"usr/libexec/{prefix}/plugins/cuda12"
+    cuda12.add(
+        f"{plugins}/libpluginr.so.{major}", _dummy_library(f"libpluginr.so.{major}", cuda12.name)
+    )
+
+    proprietary = Deb(
+        f"{prefix}-proprietary",
+        version,
+        "NVIDIA Datacenter GPU Management Tools - proprietary modules",
+        depends=[f"{core.name} {same}"],
+        section="multiverse/devel",
+    )
+    profiling = f"libdcgmmoduleprofiling.so.{major}"
+    proprietary.add(
+        f"{LIBDIR}/libdcgmmoduleprofiling.so.{upstream}",
+        _dummy_library(profiling, proprietary.name),
+    )
+    proprietary.links[f"{LIBDIR}/{profiling}"] = f"libdcgmmoduleprofiling.so.{upstream}"
+
+    proprietary_cuda12 = Deb(
+        f"{prefix}-proprietary-cuda12",
+        version,
+        "NVIDIA Datacenter GPU Management Tools - proprietary CUDA 12 modules",
+        depends=[f"{proprietary.name} {same}", f"{cuda12.name} {same}"],
+        section="multiverse/devel",
+    )
+    proprietary_cuda12.add(
+        f"{plugins}/libpluginprofiling.so.{major}",
+        _dummy_library(f"libpluginprofiling.so.{major}", proprietary_cuda12.name),
+    )
+    debs = [core, cuda12, proprietary, proprietary_cuda12]
+    for d in debs:
+        _doc(d)
+    return debs
+
+
+def toolkit_packages(version: str) -> list[Deb]:
+    """The NVIDIA Container Toolkit's four packages at one version, as stand-ins, with the
+    files where NVIDIA's packaging puts them (packaging/debian/*.install)."""
+    upstream = version.split("-")[0]  # 1.17.8
+    values = {"version": upstream, "commit": TOOLKIT_COMMITS.get(upstream, "")}
+
+    lib = Deb(
+        "libnvidia-container1",
+        version,
+        "NVIDIA container runtime library",
+        section="libs",
+    )
+    lib.add(
+        f"{LIBDIR}/libnvidia-container.so.{upstream}",
+        _dummy_library("libnvidia-container.so.1", lib.name),
+    )
+    lib.links[f"{LIBDIR}/libnvidia-container.so.1"] = f"libnvidia-container.so.{upstream}"
+
+    tools = Deb(
+        "libnvidia-container-tools",
+        version,
+        "NVIDIA container runtime library (command-line tools)",
+        depends=[f"libnvidia-container1 (>= {version})"],
+        section="utils",
+    )
+    tools.add(
+        "usr/bin/nvidia-container-cli",
+        _template("container-toolkit/nvidia-container-cli", **values),
+        0o755,
+    )
+
+    base = Deb(
+        "nvidia-container-toolkit-base",
+        version,
+        "NVIDIA Container Toolkit Base",
+        breaks=[
+            "nvidia-container-runtime (<= 3.5.0-1)",
+            "nvidia-container-runtime-hook",
+            "nvidia-container-toolkit (<= 1.10.0-1)",
+        ],
+        replaces=["nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-runtime-hook"],
+        section="utils",
+    )
+    for name in ("nvidia-ctk", "nvidia-container-runtime"):
+        base.add(f"usr/bin/{name}", _template(f"container-toolkit/{name}", **values), 0o755)
+
+    toolkit = Deb(
+        "nvidia-container-toolkit",
+        version,
+        "NVIDIA Container toolkit",
+        depends=[
+            f"nvidia-container-toolkit-base (= {version})",
+            f"libnvidia-container-tools (>= {version})",
+            "libnvidia-container-tools (<< 2.0.0)",
+        ],
+        breaks=["nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-runtime-hook"],
+        replaces=["nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-runtime-hook"],
+        section="utils",
+    )
+    toolkit.add(
+        "usr/bin/nvidia-container-runtime-hook",
+        _template("container-toolkit/nvidia-container-runtime-hook", **values),
+        0o755,
+    )
+    # as NVIDIA's postinst/postrm: nvidia-container-toolkit is a link to the hook
+    toolkit.scripts["postinst"] = (
+        'if [ "$1" = configure ] && [ -f /usr/bin/nvidia-container-runtime-hook ] '
+        "&& [ ! -e /usr/bin/nvidia-container-toolkit ]; then\n"
+        "    ln -s /usr/bin/nvidia-container-runtime-hook /usr/bin/nvidia-container-toolkit\n"
+        "fi\n"
+    )
+    toolkit.scripts["postrm"] = (
+        'if [ "$1" = purge ] && [ -L /usr/bin/nvidia-container-toolkit ]; then\n'
+        "    rm /usr/bin/nvidia-container-toolkit\n"
+        "fi\n"
+    )
+    debs = [lib, tools, base, toolkit]
+    for d in debs:
+        _doc(d)
+    return debs
+
+
 def all_packages(cat: dict[str, Any] | None = None) -> list[Deb]:
+    """The stand-in NVIDIA CUDA repository's packages (drivers, CUDA toolkits, DCGM)."""
     cat = cat or catalog.load()
     debs = [d for branch in DRIVER_BRANCHES for d in driver_packages(branch, cat)]
     seen: set[tuple[str, str]] = set()
@@ -478,7 +685,77 @@ def all_packages(cat: dict[str, Any] | None = None) -> list[Deb]:
             if (d.name, d.version) not in seen:  # config-common is shared between toolkits
                 seen.add((d.name, d.version))
                 debs.append(d)
+    for version in dict.fromkeys([cat["dcgm"]["version"], DCGM_TEMPTATION]):
+        debs.extend(dcgm_packages(version))
     return debs
+
+
+def all_toolkit_packages(cat: dict[str, Any] | None = None) -> list[Deb]:
+    """The stand-in container toolkit repository's packages: the catalog's version and newer."""
+    cat = cat or catalog.load()
+    versions = dict.fromkeys([cat["container_toolkit"]["version"], TOOLKIT_TEMPTATION])
+    return [d for version in versions for d in toolkit_packages(version)]
+
+
+# --------------------------------------------------------------------------- gpu-burn source
+
+
+def gpu_burn_files(tree: Path | None = None) -> list[Path]:
+    """The files of the stand-in gpu-burn source tree the tarball holds (standin/STATE.md:
+    ``standin.GPU_BURN_FILES``; build outputs left in the tree are not part of it)."""
+    tree = tree or standin.GPU_BURN_TREE
+    files = [tree / name for name in standin.GPU_BURN_FILES]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise RepoError(f"the stand-in gpu-burn source tree lacks {missing}")
+    return sorted(files)
+
+
+def gpu_burn_commit(tree: Path | None = None) -> str:
+    """A stand-in commit id (40 hex digits) derived from the tree's content: the same tree
+    gives the same id, a changed tree a new one, as with git."""
+    tree = tree or standin.GPU_BURN_TREE
+    h = hashlib.sha1(b"gpubox sandbox stand-in gpu-burn\n")
+    for path in gpu_burn_files(tree):
+        mode = "755" if os.access(path, os.X_OK) else "644"
+        h.update(f"{mode} {path.relative_to(tree).as_posix()}\0".encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def gpu_burn_tarball(tree: Path | None = None) -> tuple[str, bytes]:
+    """(commit, tar.gz bytes) laid out like `git archive --prefix=gpu-burn-<commit>/ | gzip -n`:
+    a pax global header with the commit, modes 0664/0775, owner root, one fixed mtime."""
+    tree = tree or standin.GPU_BURN_TREE
+    commit = gpu_burn_commit(tree)
+    top = f"gpu-burn-{commit}"
+    raw = io.BytesIO()
+    with tarfile.open(
+        fileobj=raw, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": commit}
+    ) as tar:
+
+        def entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.size = kind, mode, size
+            info.mtime = GPU_BURN_COMMIT_TIME
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            return info
+
+        tar.addfile(entry(top + "/", tarfile.DIRTYPE, 0o775))
+        dirs: set[str] = set()
+        for path in gpu_burn_files(tree):
+            rel = path.relative_to(tree).as_posix()
+            for parent in list(Path(rel).parents)[::-1][1:]:
+                if parent.as_posix() not in dirs:
+                    dirs.add(parent.as_posix())
+                    tar.addfile(entry(f"{top}/{parent.as_posix()}/", tarfile.DIRTYPE, 0o775))
+            data = path.read_bytes()
+            mode = 0o775 if os.access(path, os.X_OK) else 0o664
+            tar.addfile(entry(f"{top}/{rel}", tarfile.REGTYPE, mode, len(data)), io.BytesIO(data))
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz:
+        gz.write(raw.getvalue())
+    return commit, out.getvalue()
 
 
 # --------------------------------------------------------------------------- building
@@ -508,7 +785,8 @@ def _build_deb(deb: Deb, workdir: Path, outdir: Path) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.symlink_to(target)
-    out = outdir / f"{deb.name}_{deb.version}_amd64.deb"
+    # pool file names leave the epoch out, as NVIDIA's (and dpkg-name's) do
+    out = outdir / f"{deb.name}_{deb.version.split(':')[-1]}_amd64.deb"
     subprocess.run(
         ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)],
         check=True,
@@ -516,7 +794,7 @@ def _build_deb(deb: Deb, workdir: Path, outdir: Path) -> None:
     )
 
 
-def _input_digest(debs: Iterable[Deb]) -> str:
+def _input_digest(debs: Iterable[Deb], extra: Iterable[bytes] = ()) -> str:
     h = hashlib.sha256()
     h.update(f"format {REPO_FORMAT_VERSION} origin {ORIGIN} label {LABEL}\n".encode())
     for deb in debs:
@@ -527,6 +805,8 @@ def _input_digest(debs: Iterable[Deb]) -> str:
             h.update(f"{key}->{deb.links[key]}".encode())
         for key in sorted(deb.scripts):
             h.update(f"{key}\0{deb.scripts[key]}".encode())
+    for blob in extra:
+        h.update(blob)
     return h.hexdigest()[:16]
 
 
@@ -539,9 +819,16 @@ def _gpg(home: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes
     )
 
 
-def build_repo(dest: Path, debs: list[Deb]) -> dict[str, Any]:
-    """Build and sign the flat repository under ``dest`` (which must not exist)."""
-    repo = dest / "nvidia" / DISTRO / ARCH_DIR
+def _flat_repo(
+    repo: Path,
+    debs: list[Deb],
+    key_uid: str,
+    armor: bool,
+    origin: str | None = None,
+    label: str | None = None,
+) -> tuple[str, bytes]:
+    """Build the packages into ``repo`` and index and sign it as a flat repository with a new
+    throwaway key; returns (fingerprint, public key: binary, or ASCII-armored with ``armor``)."""
     repo.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="gpubox-repo-") as tmp:
         work = Path(tmp)
@@ -556,19 +843,14 @@ def build_repo(dest: Path, debs: list[Deb]) -> dict[str, Any]:
         ).stdout
         (repo / "Packages").write_bytes(packages)
         subprocess.run(["gzip", "-9kn", "Packages"], cwd=repo, check=True)
+        options = ["-o", "APT::FTPArchive::Release::Architectures=amd64"]
+        if origin:
+            options += ["-o", f"APT::FTPArchive::Release::Origin={origin}"]
+        if label:
+            options += ["-o", f"APT::FTPArchive::Release::Label={label}"]
         # Release is written outside the scanned directory, or it would hash itself
         release = subprocess.run(
-            [
-                "apt-ftparchive",
-                "-o",
-                f"APT::FTPArchive::Release::Origin={ORIGIN}",
-                "-o",
-                f"APT::FTPArchive::Release::Label={LABEL}",
-                "-o",
-                "APT::FTPArchive::Release::Architectures=amd64",
-                "release",
-                ".",
-            ],
+            ["apt-ftparchive", *options, "release", "."],
             cwd=repo,
             check=True,
             capture_output=True,
@@ -585,7 +867,7 @@ def build_repo(dest: Path, debs: list[Deb]) -> dict[str, Any]:
                 "--passphrase",
                 "",
                 "--quick-gen-key",
-                KEY_UID,
+                key_uid,
                 "ed25519",
                 "sign",
                 "never",
@@ -596,7 +878,7 @@ def build_repo(dest: Path, debs: list[Deb]) -> dict[str, Any]:
             )
             _gpg(home, "--clearsign", "-o", str(work / "InRelease"), str(work / "Release"))
             _gpg(home, "-abs", "-o", str(work / "Release.gpg"), str(work / "Release"))
-            keyring = _gpg(home, "--export", fpr).stdout  # binary, like NVIDIA's keyring
+            key = _gpg(home, *(["--armor"] if armor else []), "--export", fpr).stdout
         finally:
             subprocess.run(
                 ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"],
@@ -606,8 +888,36 @@ def build_repo(dest: Path, debs: list[Deb]) -> dict[str, Any]:
             shutil.rmtree(home, ignore_errors=True)
         for name in ("Release", "InRelease", "Release.gpg"):
             shutil.copy(work / name, repo / name)
-    (repo / KEYRING_NAME).write_bytes(keyring)
-    meta = {"key_fingerprint": fpr, "packages": len(debs), "distro": DISTRO}
+    return fpr, key
+
+
+def build_repo(
+    dest: Path,
+    debs: list[Deb],
+    toolkit_debs: list[Deb] | None = None,
+    gpu_burn_tree: Path | None = None,
+) -> dict[str, Any]:
+    """Build and sign everything the server publishes under ``dest`` (which must not exist):
+    the NVIDIA CUDA repository, the container toolkit repository, the gpu-burn tarball."""
+    dest.mkdir(parents=True)
+    fpr, keyring = _flat_repo(
+        dest / "nvidia" / DISTRO / ARCH_DIR, debs, KEY_UID, armor=False, origin=ORIGIN, label=LABEL
+    )
+    # binary, like NVIDIA's cuda-archive-keyring.gpg
+    (dest / "nvidia" / DISTRO / ARCH_DIR / KEYRING_NAME).write_bytes(keyring)
+    meta: dict[str, Any] = {"key_fingerprint": fpr, "packages": len(debs), "distro": DISTRO}
+    if toolkit_debs:
+        tk_fpr, tk_key = _flat_repo(
+            dest / TOOLKIT_URL_PATH / TOOLKIT_ARCH, toolkit_debs, TOOLKIT_KEY_UID, armor=True
+        )
+        (dest / TOOLKIT_KEY_PATH).write_bytes(tk_key)  # ASCII-armored, like NVIDIA's gpgkey
+        meta.update(toolkit_key_fingerprint=tk_fpr, toolkit_packages=len(toolkit_debs))
+    if gpu_burn_tree is not None:
+        commit, tarball = gpu_burn_tarball(gpu_burn_tree)
+        archive = dest / GPU_BURN_URL_PATH / f"{commit}.tar.gz"
+        archive.parent.mkdir(parents=True)
+        archive.write_bytes(tarball)
+        meta.update(gpu_burn_commit=commit, gpu_burn_sha256=hashlib.sha256(tarball).hexdigest())
     (dest / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -615,19 +925,26 @@ def build_repo(dest: Path, debs: list[Deb]) -> dict[str, Any]:
 def ensure_repo(
     base: Path, rebuild: bool = False, progress: Progress = lambda message: None
 ) -> Path:
-    """The built repository for the current inputs (cached under ``base``); its root dir."""
+    """Everything the server publishes, for the current inputs (cached under ``base``); its
+    root directory."""
     debs = all_packages()
-    digest = _input_digest(debs)
+    toolkit_debs = all_toolkit_packages()
+    tree = standin.GPU_BURN_TREE
+    _, tarball = gpu_burn_tarball(tree)
+    digest = _input_digest([*debs, *toolkit_debs], [tarball])
     dest = base / digest
     if (dest / "meta.json").exists() and not rebuild:
         return dest
     base.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    progress(f"building the stand-in NVIDIA repository ({len(debs)} packages)")
+    progress(
+        f"building the stand-in NVIDIA repositories ({len(debs)} + {len(toolkit_debs)} "
+        "packages) and the gpu-burn tarball"
+    )
     tmp = base / f".building-{digest}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        build_repo(tmp, debs)
+        build_repo(tmp, debs, toolkit_debs, tree)
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)
@@ -636,15 +953,16 @@ def ensure_repo(
     for old in base.iterdir():  # repositories of older inputs (small: delete now)
         if old != dest and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
-    progress(f"stand-in repository built in {time.monotonic() - started:.1f} s")
+    progress(f"stand-in repositories built in {time.monotonic() - started:.1f} s")
     return dest
 
 
 def repo_facts(root: Path, port: int) -> dict[str, Any]:
     """The box.json facts of a built repository served on 127.0.0.1:``port``."""
     meta = json.loads((root / "meta.json").read_text())
-    base = f"http://127.0.0.1:{port}/{URL_PATH}"
-    return {
+    server = f"http://127.0.0.1:{port}/"
+    base = server + URL_PATH
+    facts: dict[str, Any] = {
         "repo_root": str(root),
         "repo_url": base,
         "repo_distro": meta["distro"],
@@ -654,6 +972,22 @@ def repo_facts(root: Path, port: int) -> dict[str, Any]:
         "key_url": base + KEYRING_NAME,
         "key_fingerprint": meta["key_fingerprint"],
     }
+    if "toolkit_key_fingerprint" in meta:
+        facts.update(
+            # "$(ARCH)" is kept for apt to expand, as in NVIDIA's own list file
+            toolkit_repo_url=server + TOOLKIT_URL_PATH + "$(ARCH)",
+            toolkit_repo_suite="/",
+            toolkit_key_url=server + TOOLKIT_KEY_PATH,
+            toolkit_key_fingerprint=meta["toolkit_key_fingerprint"],
+        )
+    if "gpu_burn_commit" in meta:
+        facts.update(
+            # "{commit}" is kept, as in catalog.yml gpu_burn.url
+            gpu_burn_url=server + GPU_BURN_URL_PATH + "{commit}.tar.gz",
+            gpu_burn_commit=meta["gpu_burn_commit"],
+            gpu_burn_sha256=meta["gpu_burn_sha256"],
+        )
+    return facts
 
 
 # --------------------------------------------------------------------------- serving

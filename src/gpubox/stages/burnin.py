@@ -33,15 +33,17 @@ def judge(gpu_count: int, burn: Any, burn_rc: int, diag: Any | None) -> list[str
             status = burn.gpus.get(index)
             if status != "OK":
                 problems.append(f"GPU {index}: gpu-burn says {status or 'nothing'}")
-        if burn.aborted:
-            problems.append("gpu-burn aborted: no worker alive")
+        # the parser's other reasons (aborted, a worker died, no progress ever reported, ...)
+        problems += [
+            p for p in burn.problems(gpu_count) if not p.startswith(("FAULTY", "gpu-burn tested"))
+        ]
     if diag is None:
         problems.append("dcgmi diag gave no result")
     elif not diag.passed:
         for test in diag.tests:
             for gpu, status in sorted(test.results.items()):
                 if status.lower() in ("fail", "failed", "error"):
-                    why = "; ".join(test.messages.get(gpu, [])) if test.messages else ""
+                    why = "; ".join(test.messages)
                     problems.append(
                         f"GPU {gpu}: dcgmi diag test {test.name!r} {status}"
                         + (f": {why}" if why else "")

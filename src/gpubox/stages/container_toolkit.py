@@ -13,7 +13,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server
+from pyinfra.operations import apt, server, systemd
 
 from gpubox import operations, preflight
 from gpubox.config import HostConfig
@@ -55,7 +55,7 @@ def container_toolkit() -> None:
     )
     pin = managed.put("Pin the container toolkit to one version", PIN_FILE)
     apt_repo(config, "nvidia_container_toolkit", target, "NVIDIA container toolkit", [pin])
-    apt.packages(
+    installed = apt.packages(
         name=f"Install the NVIDIA Container Toolkit {version}",
         packages=[f"{name}={version}" for name in packages],
         allow_downgrades=True,
@@ -70,7 +70,14 @@ def container_toolkit() -> None:
         values=values,
         if_missing=if_missing,
     )
-    reload_docker(daemon, set(values) | set(if_missing))
+    # dockerd looks for nvidia-container-runtime-hook (its --gpus support) only when it starts.
+    systemd.service(
+        name="Restart Docker (the toolkit was installed or changed)",
+        service="docker",
+        restarted=True,
+        _if=installed.did_change,
+    )
+    reload_docker(daemon, set(values) | set(if_missing), unless=installed)
 
     spec = toolkit["cdi_spec"]
     stamp = host.get_fact(

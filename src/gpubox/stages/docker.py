@@ -99,9 +99,14 @@ def docker() -> None:
         reload_docker(daemon, set(p.daemon))
 
 
-def reload_docker(change: Any, keys: set[str]) -> None:
-    """Apply a daemon.json change: reload when Docker can take the keys live, else restart."""
+def reload_docker(change: Any, keys: set[str], unless: Any = None) -> None:
+    """Apply a daemon.json change: reload when Docker can take the keys live, else restart
+    (nothing when the operation ``unless`` changed: Docker was restarted after it)."""
     live = keys <= RELOADABLE
+
+    def needed() -> bool:
+        return bool(change.did_change()) and not (unless is not None and unless.did_change())
+
     systemd.service(
         name="Reload Docker (daemon.json changed)"
         if live
@@ -109,5 +114,5 @@ def reload_docker(change: Any, keys: set[str]) -> None:
         service="docker",
         reloaded=live,
         restarted=not live,
-        _if=change.did_change,
+        _if=needed,
     )

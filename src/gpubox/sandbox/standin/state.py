@@ -1,5 +1,6 @@
-"""The hardware state the sandbox's stand-in nvidia-smi and lspci report (gpubox sandbox only;
-the stand-ins are never shipped to a real box). See STATE.md for the file and its format.
+"""The hardware state the sandbox's stand-ins report: nvidia-smi, lspci, dcgmi, nv-hostengine and
+the stand-in gpu-burn (gpubox sandbox only; the stand-ins are never shipped to a real box). See
+STATE.md for the file and its format.
 
 The state describes the reference box: two Tesla V100-SXM2-32GB joined by two NVLink links
 behind a PLX PEX 8749 switch, a GeForce GT 710 display card, and the host's own PCI devices.
@@ -25,6 +26,14 @@ RUN_ENV = "GPUBOX_STANDIN_RUN"
 LOADED_DRIVER_FILE = "loaded-driver"
 # Present while the stand-in nvidia-persistenced runs with persistence mode on.
 PERSISTENCE_FILE = "persistence"
+# Written by the stand-in nv-hostengine while it runs ("PID ADDRESS"); dcgmi reads it.
+HOSTENGINE_FILE = "nv-hostengine.pid"
+# DCGM's profiling module, installed by datacenter-gpu-manager-4-proprietary; the stand-in
+# dcgmi serves profiling fields (1001-1012) only while this file exists.
+PROFILING_MODULE = Path("/usr/lib/x86_64-linux-gnu/libdcgmmoduleprofiling.so.4")
+PROFILING_MODULE_ENV = "GPUBOX_STANDIN_DCGM_PROFILING_MODULE"
+# Seconds between two progress reports of the stand-in gpu_burn.
+BURN_TICK_ENV = "GPUBOX_STANDIN_BURN_TICK"
 
 State = dict[str, Any]
 
@@ -60,6 +69,23 @@ def _gpu(
         "pcie_width": 16,
         "ecc": "Enabled",
         "nvlink_ports": 6,
+        # What CUDA reports (cuDeviceTotalMem) and what a CUDA context leaves free, as real
+        # V100-SXM2-32GB transcripts show them: 32510 MB total, 32138 MB available.
+        "cuda_total_bytes": 34089730048,
+        "cuda_context_mib": 372,
+        # gpu-burn's Gflop/s for this GPU (illustrative V100 figures) and whether its
+        # results are wrong (it then ends FAULTY, and DCGM's memory tests fail on it).
+        "burn_gflops_floats": 14000.0,
+        "burn_gflops_doubles": 6100.0,
+        "burn_faulty": False,
+        # What dcgmi dmon reads: GPU utilisation (%, field 203), NVLink bandwidth (MB/s,
+        # field 449) and the profiling counters (bytes/s, fields 1009-1012).
+        "gpu_util": 0,
+        "nvlink_bandwidth_total": 0,
+        "nvlink_tx_bytes": 0,
+        "nvlink_rx_bytes": 0,
+        "pcie_tx_bytes": 0,
+        "pcie_rx_bytes": 0,
     }
 
 
@@ -179,6 +205,9 @@ def default_state() -> State:
         "cpu_affinity": "0-7",
         "numa_affinity": "0",
         "persistence_forced_off": False,
+        # dcgmi dmon shows N/A for profiling fields in its first samples (two in a real
+        # capture, tests/fixtures/dcgmi/), then values.
+        "dcgm_prof_warmup_samples": 2,
         # PCI devices other than the GPUs above, as `lspci -Dnn` lists them.
         "pci_devices": [dict(zip(_PCI_KEYS, device, strict=True)) for device in _PCI_DEVICES],
     }
@@ -255,3 +284,35 @@ def set_persistence_forced_off(state: State, forced_off: bool) -> State:
     """Persistence mode reads Disabled/Off even while nvidia-persistenced runs with it on."""
     state["persistence_forced_off"] = forced_off
     return state
+
+
+def set_gpu_burn_faulty(state: State, index: int, faulty: bool) -> State:
+    """The GPU computes wrong results: gpu-burn counts errors on it and ends "GPU n: FAULTY"
+    (still exiting 0), and `dcgmi diag` from level 2 fails its memory tests on it."""
+    _gpu_at(state, index)["burn_faulty"] = faulty
+    return state
+
+
+def set_gpu_nvlink_traffic(
+    state: State,
+    index: int,
+    tx_bytes: int,
+    rx_bytes: int,
+    bandwidth_total_mbs: int | None = None,
+) -> State:
+    """What `dcgmi dmon` shows for the GPU: NVLink tx/rx bytes per second (fields 1011/1012)
+    and the total NVLink bandwidth in MB/s (field 449; tx + rx when not given)."""
+    gpu = _gpu_at(state, index)
+    gpu["nvlink_tx_bytes"] = tx_bytes
+    gpu["nvlink_rx_bytes"] = rx_bytes
+    if bandwidth_total_mbs is None:
+        bandwidth_total_mbs = (tx_bytes + rx_bytes) // 1_000_000
+    gpu["nvlink_bandwidth_total"] = bandwidth_total_mbs
+    return state
+
+
+def profiling_module_path() -> Path:
+    """Where the stand-in dcgmi looks for DCGM's profiling module: $GPUBOX_STANDIN_DCGM_
+    PROFILING_MODULE, else /usr/lib/x86_64-linux-gnu/libdcgmmoduleprofiling.so.4."""
+    env = os.environ.get(PROFILING_MODULE_ENV)
+    return Path(env) if env else PROFILING_MODULE
