@@ -1080,7 +1080,12 @@ class BurnTree:
         return subprocess.run(
             ["make", f"CUDAPATH={self.cuda}", *args],
             cwd=self.src,
-            env=self.box.env(),
+            # a top-level make, as a user runs it (not make[1] under `make test`)
+            env={
+                k: v
+                for k, v in self.box.env().items()
+                if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+            },
             capture_output=True,
             text=True,
             timeout=60,
