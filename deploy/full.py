@@ -4,6 +4,7 @@ The inventory is validated first (every host, every problem at once), then each 
 preflights its host; a refused run changes nothing. Burn-in is separate: deploy/burnin.py."""
 
 from gpubox.stages import current_config
+from gpubox.stages.backend import backend
 from gpubox.stages.container_toolkit import container_toolkit
 from gpubox.stages.cuda import cuda
 from gpubox.stages.dcgm import dcgm
@@ -18,3 +19,4 @@ docker()
 container_toolkit()
 dcgm()
 tools()
+backend()

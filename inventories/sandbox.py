@@ -33,6 +33,7 @@ hosts = [
             # Imported into the box's Docker from a local root filesystem, never pulled.
             "docker_check_image": info["check_image"],
             "burnin_seconds": 3,
+            "backend": "none",
             "catalog_overrides": {
                 "repos.nvidia_cuda.url": info["repo_url"],
                 "repos.nvidia_cuda.key_url": info["key_url"],

@@ -185,3 +185,91 @@ def check(
             )
         )
     return problems
+
+
+# Quantisations and dtypes whose kernels need a newer GPU than Volta (compute capability 7.0):
+# bf16 and the Marlin/AWQ kernels need Ampere (8.0), FP8 Ada (8.9), FP4 Blackwell (10.0).
+QUANT_MIN_CC: dict[str, tuple[int, int]] = {
+    "bf16": (8, 0),
+    "awq": (8, 0),
+    "marlin": (8, 0),
+    "gptq-marlin": (8, 0),
+    "fp8": (8, 9),
+    "fp4": (10, 0),
+    "nvfp4": (10, 0),
+    "mxfp4": (10, 0),
+}
+# The first vLLM release without sm_70 kernels in its default images (CUDA 13, torch 2.11).
+VLLM_LAST_FOR_VOLTA = (0, 19)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.lstrip("v").split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def check_backend(
+    gpu_model: str,
+    gpu_count: int,
+    backend: str,
+    quantization: str,
+    vllm_version: str,
+    tensor_parallel: int,
+    ctx: int,
+    model_context: int,
+) -> list[tuple[str, str]]:
+    """Every incompatibility of a backend/model/GPU combination, as (key, message) pairs."""
+    problems: list[tuple[str, str]] = []
+    gpu = GPU_MODELS.get(gpu_model)
+    if gpu is None or backend == "none":
+        return problems
+    cc = "{}.{}".format(*gpu.compute_capability)
+    need = QUANT_MIN_CC.get(quantization.lower())
+    if need and gpu.compute_capability < need:
+        instead = (
+            "fp16 weights (vLLM --dtype half)"
+            if backend == "vllm"
+            else "a GGUF quantisation such as Q4_K_XL with llama.cpp"
+        )
+        problems.append(
+            (
+                "model_quantization",
+                f"{quantization} needs compute capability {need[0]}.{need[1]}; "
+                f"{gpu.name} has {cc}: use {instead}",
+            )
+        )
+    if backend == "vllm":
+        if (
+            gpu.compute_capability < (7, 5)
+            and _version_tuple(vllm_version)[:2] > VLLM_LAST_FOR_VOLTA
+        ):
+            problems.append(
+                (
+                    "catalog_overrides",
+                    f"vLLM {vllm_version} ships no kernels for compute capability {cc} "
+                    f"({gpu.name}): use vllm/vllm-openai:v0.19.1 or older, or the llamacpp "
+                    "backend",
+                )
+            )
+        if tensor_parallel > gpu_count:
+            problems.append(
+                (
+                    "vllm_tensor_parallel",
+                    f"tensor parallel {tensor_parallel} is larger than gpu_count {gpu_count}: use "
+                    f"{gpu_count} or fewer",
+                )
+            )
+    if ctx > model_context:
+        problems.append(
+            (
+                "model_ctx",
+                f"context {ctx} is larger than the model's {model_context}: "
+                f"use {model_context} or less",
+            )
+        )
+    return problems

@@ -133,6 +133,51 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("burnin_required", bool, False, "host checks require a passing, recent burn-in"),
     Key("burnin_max_age_days", int, 30, "how old a burn-in record the host checks accept"),
+    # Stage model and backend
+    Key(
+        "backend",
+        str,
+        "llamacpp",
+        "'llamacpp', 'vllm' or 'none'",
+        choices=("llamacpp", "vllm", "none"),
+    ),
+    Key("model", str, "qwen3-next-80b-a3b-thinking", "the catalog's model to serve"),
+    Key(
+        "model_source",
+        str,
+        "hf",
+        "'hf' (or a mirror: hf_endpoint), 'modelscope' or 'url'",
+        choices=("hf", "modelscope", "url"),
+    ),
+    Key("model_url", str, None, "with model_source 'url': where the GGUF file is (HTTPS)"),
+    Key("model_file", str, None, "the file's name (default: the catalog's)"),
+    Key("model_sha256", str, None, "the file's sha256 (default: the catalog's)"),
+    Key("model_dir", str, "/srv/models", "where models are kept on the box"),
+    Key(
+        "model_quantization",
+        str,
+        None,
+        "the weights' quantisation or dtype (default: the catalog's), checked against the GPUs",
+    ),
+    Key("model_ctx", int, 32768, "context length the server allocates"),
+    Key("model_parallel", int, 4, "parallel request slots (llama.cpp -np, vLLM max seqs)"),
+    Key("model_alias", str, "qwen3-next", "the model id the API serves"),
+    Key("hf_endpoint", str, None, "Hugging Face mirror, e.g. https://hf-mirror.com"),
+    Key("api_host", str, "127.0.0.1", "address the API listens on"),
+    Key("api_port", int, 8080, "port the API listens on"),
+    Key(
+        "api_key_file",
+        str,
+        "/etc/gpubox/api-key",
+        "root-only file with the API key (generated at first deploy)",
+    ),
+    Key("llamacpp_cuda", bool, True, "build llama.cpp with CUDA (false: CPU only)"),
+    Key("llamacpp_ccache", bool, False, "build llama.cpp through ccache (fast rebuilds)"),
+    Key("llamacpp_extra_args", list, [], "more llama-server arguments, checked against --help"),
+    Key("vllm_enforce_eager", bool, False, "vLLM without CUDA graphs (slow decode)"),
+    Key("vllm_gpu_memory_utilization", float, 0.92, "vLLM --gpu-memory-utilization"),
+    Key("vllm_tensor_parallel", int, None, "vLLM --tensor-parallel-size (default: gpu_count)"),
+    Key("health_timeout", int, 1800, "seconds to wait for the API to answer after a start"),
     Key(
         "catalog_overrides",
         dict,
@@ -374,9 +419,64 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
             if not any(p.key == name and p.message == message for p in problems):
                 problems.append(Problem(host, name, message))
 
+    problems += _backend_problems(host, values, host_catalog)
+
     errors = [p for p in problems if p.severity == "error"]
     config = None if errors else HostConfig(host, values, host_catalog)
     return config, problems
+
+
+def _backend_problems(
+    host: str, values: dict[str, Any], host_catalog: dict[str, Any]
+) -> list[Problem]:
+    """The model and backend rules (compat.check_backend) and whether the model fits."""
+    if values["backend"] == "none":
+        return []
+    models = host_catalog["models"]
+    model = models.get(values["model"])
+    if model is None:
+        return [
+            Problem(
+                host,
+                "model",
+                f"unknown model {values['model']!r}; known: {', '.join(sorted(models))}",
+            )
+        ]
+    problems: list[Problem] = []
+    if values["model_source"] == "url" and not values["model_url"]:
+        problems.append(Problem(host, "model_url", "model_source is 'url' but model_url is unset"))
+    quantization = values["model_quantization"] or (
+        "fp16" if values["backend"] == "vllm" else model["quantization"]
+    )
+    tensor_parallel = values["vllm_tensor_parallel"] or values["gpu_count"]
+    for key, message in compat.check_backend(
+        values["gpu_model"],
+        values["gpu_count"],
+        values["backend"],
+        quantization,
+        host_catalog["vllm"]["version"],
+        tensor_parallel,
+        values["model_ctx"],
+        model["context"],
+    ):
+        problems.append(Problem(host, key, message))
+    gpu = compat.GPU_MODELS.get(values["gpu_model"])
+    if gpu and values["backend"] == "llamacpp" and values["llamacpp_cuda"]:
+        need_mib = (
+            model["weights_gib"] * 1024 + model["kv_mib_per_1k_ctx"] * values["model_ctx"] / 1024
+        )
+        have_mib = gpu.memory_mib * values["gpu_count"] * 0.95
+        if need_mib > have_mib:
+            problems.append(
+                Problem(
+                    host,
+                    "model_ctx",
+                    f"{values['model']} with context {values['model_ctx']} needs about "
+                    f"{need_mib / 1024:.0f} GiB of GPU memory; {values['gpu_count']}x {gpu.name} "
+                    f"have {have_mib / 1024:.0f} GiB usable: lower model_ctx",
+                )
+            )
+    return problems
 
 
 def load_host_config(host: str, data: Mapping[str, Any]) -> HostConfig:

@@ -70,6 +70,18 @@ class Box:
     def driver_packages(self):
         return self.config.driver_packages(self.target.family)
 
+    def assert_pinned_and_held(self, what: str, packages: list[str], version: str) -> None:
+        """Every package installed at ``version`` and held (apt-mark hold)."""
+        wrong = {
+            name: self.dpkg[name].version if name in self.dpkg else "not installed"
+            for name in packages
+            if name not in self.dpkg or self.dpkg[name].version != version
+        }
+        assert not wrong, f"{self.name}: {what} not at {version}: {wrong}"
+        held = parsers.parse_showhold(self.out("apt-mark showhold"))
+        unheld = sorted(set(packages) - held)
+        assert not unheld, f"{self.name}: {what} not held: {unheld}"
+
     @functools.cached_property
     def dpkg(self) -> dict[str, Any]:
         return parsers.parse_dpkg_query(

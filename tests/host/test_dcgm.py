@@ -14,14 +14,7 @@ NVLINK_FIELDS = "449,1011,1012"
 @pytest.mark.quick
 def test_dcgm_packages_pinned_and_held(box):
     dcgm = box.config.catalog["dcgm"]
-    held = parsers.parse_showhold(box.out("apt-mark showhold"))
-    wrong = {
-        name: box.dpkg[name].version if name in box.dpkg else "not installed"
-        for name in dcgm["packages"]
-        if name not in box.dpkg or box.dpkg[name].version != dcgm["version"]
-    }
-    assert not wrong, f"{box.name}: DCGM packages not at {dcgm['version']}: {wrong}"
-    assert not sorted(set(dcgm["packages"]) - held), f"{box.name}: DCGM packages not held"
+    box.assert_pinned_and_held("DCGM packages", dcgm["packages"], dcgm["version"])
 
 
 @pytest.mark.quick

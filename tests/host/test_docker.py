@@ -57,15 +57,7 @@ def test_daemon_json_is_valid_and_holds_gpubox_settings(box):
 @pytest.mark.quick
 def test_container_toolkit_packages_pinned_and_held(box):
     toolkit = box.config.catalog["container_toolkit"]
-    held = parsers.parse_showhold(box.out("apt-mark showhold"))
-    wrong = {
-        name: box.dpkg[name].version if name in box.dpkg else "not installed"
-        for name in toolkit["packages"]
-        if name not in box.dpkg or box.dpkg[name].version != toolkit["version"]
-    }
-    assert not wrong, f"{box.name}: container toolkit not at {toolkit['version']}: {wrong}"
-    unheld = sorted(set(toolkit["packages"]) - held)
-    assert not unheld, f"{box.name}: container toolkit packages not held: {unheld}"
+    box.assert_pinned_and_held("container toolkit", toolkit["packages"], toolkit["version"])
 
 
 @pytest.mark.gpu

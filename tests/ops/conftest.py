@@ -44,6 +44,8 @@ def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
         "mokutil --sb-state": "SecureBoot disabled",
         "id -u": "0",
         "uname -r": "6.8.0-88-generic",
+        "uname -s": "Linux",
+        "command -v useradd": "/usr/sbin/useradd",
         "apt-mark showhold": [],
         "cat /sys/module/nvidia/version": {
             "stdout": [

@@ -1,14 +1,17 @@
 """The sandbox: a local stand-in box to try and test gpubox on.
 
 A Debian 12 systemd host in systemd-nspawn, in its own network namespace, reached over SSH
-like any other host, plus a stand-in NVIDIA apt repository and stand-in GPUs. Nothing here is
-ever shipped to a real box, and no stage knows the sandbox exists: inventories/sandbox.py
-turns ``box_info()`` into ordinary host data.
+like any other host, plus a stand-in NVIDIA apt repository and stand-in GPUs, llama.cpp's
+source where GitHub's tag archive would be (llamacpp.py), a tiny GGUF model (tinymodel.py)
+and a compiler cache that outlives the box. Nothing here is ever shipped to a real box, and
+no stage knows the sandbox exists: inventories/sandbox.py turns ``box_info()`` into ordinary
+host data.
 
     gpubox sandbox up | down | status | ssh -- CMD | exec -- CMD | fault NAME | image
 """
 
 from gpubox.sandbox.box import (
+    CCACHE_DIR,
     CHECK_IMAGE,
     FAULTS,
     NAME,
@@ -17,6 +20,7 @@ from gpubox.sandbox.box import (
     box_info,
     clear_faults,
     down,
+    ensure_served_files,
     hardware_state,
     is_up,
     load_check_image,
@@ -31,6 +35,7 @@ from gpubox.sandbox.box import (
 )
 
 __all__ = [
+    "CCACHE_DIR",
     "CHECK_IMAGE",
     "FAULTS",
     "NAME",
@@ -39,6 +44,7 @@ __all__ = [
     "box_info",
     "clear_faults",
     "down",
+    "ensure_served_files",
     "hardware_state",
     "is_up",
     "load_check_image",

@@ -9,8 +9,11 @@ Lifecycle (see shared/reference/sandbox-recipe.md for the facts behind each step
 
 ``up``   root filesystem from the cache (debootstrap once per recipe hash, then a fresh
          ``cp -a`` per box), netns, mirror bridge (socat host <-> unix socket <-> socat in the
-         netns), stand-in repository server, nspawn under a supervisor that boots the box
-         again when it exits with 133 (the box ran ``reboot``), wait until systemd says running.
+         netns), stand-in repository server (which also serves llama.cpp's source as GitHub's
+         tag archive and a tiny GGUF model: llamacpp.py, tinymodel.py), nspawn under a
+         supervisor that boots the box again when it exits with 133 (the box ran ``reboot``),
+         with the host's compiler cache bind-mounted at CCACHE_DIR; wait until systemd says
+         running.
 ``down`` orderly poweroff (SIGTERM to nspawn, SIGKILL after 30 s), then every process we
          started, by PID (never by name: the box's processes are visible on the host), then
          the netns; checks that no process, mount or namespace is left behind.
@@ -66,6 +69,10 @@ DEBOOTSTRAP_INCLUDE = (
 ROOTFS_RECIPE_VERSION = 1
 # The container image the host checks run in the box (load_check_image), never from a registry.
 CHECK_IMAGE = "gpubox.local/check:1"
+# A compiler cache that outlives the box: <cache dir>/ccache on the host, bind-mounted here in
+# every box, so that a llama.cpp build through ccache (CCACHE_DIR set to this, the source and
+# build at fixed paths) takes seconds in a fresh box once one box has built it.
+CCACHE_DIR = "/var/cache/gpubox-ccache"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 
@@ -859,7 +866,7 @@ def failed_units(info: dict[str, Any] | None = None) -> str:
 # --------------------------------------------------------------------------- supervisor
 
 
-def _nspawn_argv(rootfs: Path) -> list[str]:
+def _nspawn_argv(rootfs: Path, ccache: Path) -> list[str]:
     return [
         "systemd-nspawn",
         "--quiet",
@@ -874,6 +881,7 @@ def _nspawn_argv(rootfs: Path) -> list[str]:
         "--resolv-conf=off",
         "--timezone=off",
         "--link-journal=no",
+        f"--bind={ccache}:{CCACHE_DIR}",
         # Docker inside the box (sandbox-recipe.md): iptables/bridges, runc's keyring and
         # cgroup v2 device filter.
         "--capability=CAP_NET_ADMIN",
@@ -968,6 +976,42 @@ def _nspawn_record(sdir: Path) -> dict[str, int] | None:
     return {"pid": record["pid"], "start_time": record["start_time"]}
 
 
+# --------------------------------------------------------------------------- served files
+
+
+def ensure_served_files(progress: Progress = _quiet) -> tuple[dict[str, Path], dict[str, Any]]:
+    """What the loopback server publishes beside the stand-in repositories, from caches of
+    their own: llama.cpp's source as GitHub's tag archive (packed from PyPI's
+    llama-cpp-python sdist, once) and the tiny GGUF model. Returns (URL path -> file, the
+    box.json facts)."""
+    from gpubox.sandbox import llamacpp, tinymodel
+
+    try:
+        source = llamacpp.ensure_tarball(cache_dir() / "llamacpp", progress)
+        model = tinymodel.ensure(cache_dir() / "models")
+    except (llamacpp.LlamaCppSourceError, tinymodel.TinyModelError) as exc:
+        raise SandboxError(str(exc)) from exc
+    server = f"http://127.0.0.1:{REPO_PORT}/"
+    files = {
+        llamacpp.URL_PATH.format(tag=source["tag"]): Path(source["path"]),
+        tinymodel.URL_PATH: Path(model["path"]),
+    }
+    facts = {
+        # "{tag}" is kept, as in catalog.yml llamacpp.url
+        "llamacpp_url": server + llamacpp.URL_PATH,
+        "llamacpp_sha256": source["sha256"],
+        "llamacpp_tag": source["tag"],
+        "llamacpp_build_number": source["build_number"],
+        "llamacpp_commit": source["commit"],
+        "model_url": server + tinymodel.URL_PATH,
+        "model_file": model["file"],
+        "model_sha256": model["sha256"],
+        "model_size": model["size"],
+        "model_reply": model["reply"],
+    }
+    return files, facts
+
+
 # --------------------------------------------------------------------------- up / down
 
 
@@ -1006,6 +1050,9 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
     mirror_host, mirror_port = _host_port(mirror)
     pristine = ensure_rootfs(rebuild=rebuild, progress=progress)
     repo = standin_repo.ensure_repo(cache_dir() / "repo", rebuild=rebuild, progress=progress)
+    served, served_facts = ensure_served_files(progress)
+    ccache = cache_dir() / "ccache"
+    ccache.mkdir(parents=True, exist_ok=True)
 
     boxes = cache_dir() / "boxes"
     boxes.mkdir(parents=True, exist_ok=True)
@@ -1038,6 +1085,8 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
         "processes": {},
     }
     state.update(standin_repo.repo_facts(repo, REPO_PORT))
+    state.update(served_facts)
+    state.update(ccache_dir=CCACHE_DIR, ccache_host_dir=str(ccache))
     _write_state(sdir, state)
 
     try:
@@ -1081,7 +1130,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
         _write_state(sdir, state)
 
         # the supervisor, then the stand-in repository server (which exits with it)
-        (sdir / "nspawn.json").write_text(json.dumps({"argv": _nspawn_argv(rootfs)}))
+        (sdir / "nspawn.json").write_text(json.dumps({"argv": _nspawn_argv(rootfs, ccache)}))
         procs["supervisor"] = _spawn(
             [sys.executable, "-c", _HELPER.format(module="box"), "supervise", str(sdir)],
             sdir / "logs" / "supervisor.log",
@@ -1105,6 +1154,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
                     str(procs["supervisor"]["pid"]),
                     "--watch-start-time",
                     str(procs["supervisor"]["start_time"]),
+                    *(f"--file={url_path}={path}" for url_path, path in served.items()),
                 ]
             ),
             sdir / "logs" / "repo-server.log",

@@ -30,7 +30,12 @@ cannot reach:
 - gpu-burn's source as GitHub's archive endpoint serves it
   (``github/wilicc/gpu-burn/archive/<commit>.tar.gz``, top directory ``gpu-burn-<commit>/``),
   built from the stand-in source tree in ``standin/gpu-burn`` with fixed modes and times and
-  ``gzip -n``, so its sha256 is stable; the commit id is derived from the tree's content.
+  ``gzip -n``, so its sha256 is stable; the commit id is derived from the tree's content;
+- files from caches of their own, given with ``--file URL_PATH=FILE``: llama.cpp's source as
+  GitHub's tag archive (llamacpp.py) and the tiny GGUF model (tinymodel.py).
+
+Single byte ranges are answered (206), as GitHub's and Hugging Face's servers do, so a resumed
+download works against it.
 
 The server binds 127.0.0.1 inside the box's network namespace, and exits when the box's
 supervisor process is gone (or on SIGTERM), so it never outlives the box.
@@ -47,6 +52,7 @@ import http.server
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,6 +60,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -993,10 +1000,74 @@ def repo_facts(root: Path, port: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- serving
 
 
+class _Range:
+    """A file object that reads ``length`` bytes from ``start`` (a 206 response's body)."""
+
+    def __init__(self, f: Any, start: int, length: int) -> None:
+        self._f = f
+        self._left = length
+        f.seek(start)
+
+    def read(self, size: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        size = self._left if size < 0 else min(size, self._left)
+        data: bytes = self._f.read(size)
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
+
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
 class _Handler(http.server.SimpleHTTPRequestHandler):
+    # URL path (no leading slash) -> a file served there from outside the root (the llama.cpp
+    # tarball and the tiny model live in caches of their own)
+    files: dict[str, str] = {}
+
     def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write(f"{time.strftime('%H:%M:%S')} {self.address_string()} {format % args}\n")
         sys.stderr.flush()
+
+    def translate_path(self, path: str) -> str:
+        url_path = urllib.parse.unquote(urllib.parse.urlsplit(path).path).lstrip("/")
+        if url_path in self.files:
+            return self.files[url_path]
+        return super().translate_path(path)
+
+    def send_head(self) -> Any:
+        """Single byte ranges (``Range: bytes=N-``, ``N-M``, ``-N``), as GitHub's and Hugging
+        Face's servers answer them, so that a resumed download (curl -C -) works here too."""
+        header = self.headers.get("Range")
+        path = self.translate_path(self.path)
+        match = _RANGE.fullmatch(header.strip()) if header else None
+        if not match or not (match[1] or match[2]) or not os.path.isfile(path):
+            return super().send_head()
+        f = open(path, "rb")  # noqa: SIM115 (the caller closes it)
+        size = os.fstat(f.fileno()).st_size
+        if match[1]:
+            start = int(match[1])
+            end = min(int(match[2]), size - 1) if match[2] else size - 1
+        else:
+            start, end = max(0, size - int(match[2])), size - 1
+        if start >= size or start > end:
+            f.close()
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        self.send_response(206)
+        self.send_header("Content-Type", self.guess_type(path))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Last-Modified", self.date_time_string(int(os.fstat(f.fileno()).st_mtime)))
+        self.end_headers()
+        return _Range(f, start, end - start + 1)
 
 
 def _same_process(pid: int, start_time: int) -> bool:
@@ -1008,9 +1079,16 @@ def _same_process(pid: int, start_time: int) -> bool:
     return fields[0] != "Z" and int(fields[19]) == start_time
 
 
-def serve(root: Path, bind: str, port: int, watch: tuple[int, int] | None = None) -> int:
-    """Serve ``root`` until SIGTERM, or until the watched process (the box's supervisor) is
-    gone. Requests are handled one at a time with a 1 s poll, so the loop always ends."""
+def serve(
+    root: Path,
+    bind: str,
+    port: int,
+    watch: tuple[int, int] | None = None,
+    files: dict[str, Path] | None = None,
+) -> int:
+    """Serve ``root`` (and ``files``: URL path -> file) until SIGTERM, or until the watched
+    process (the box's supervisor) is gone. Requests are handled one at a time with a 1 s poll,
+    so the loop always ends."""
     stop = False
 
     def on_term(signum: int, frame: Any) -> None:
@@ -1019,7 +1097,10 @@ def serve(root: Path, bind: str, port: int, watch: tuple[int, int] | None = None
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    handler = functools.partial(_Handler, directory=str(root))
+    handler_class = type(
+        "Handler", (_Handler,), {"files": {k.lstrip("/"): str(v) for k, v in (files or {}).items()}}
+    )
+    handler = functools.partial(handler_class, directory=str(root))
     http.server.ThreadingHTTPServer.allow_reuse_address = True
     with http.server.ThreadingHTTPServer((bind, port), handler) as httpd:
         httpd.daemon_threads = True
@@ -1050,13 +1131,26 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--port", type=int, required=True)
     srv.add_argument("--watch-pid", type=int)
     srv.add_argument("--watch-start-time", type=int)
+    srv.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="URL_PATH=FILE",
+        help="also serve FILE at URL_PATH (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.command == "build":
         root = ensure_repo(args.cache, args.rebuild, lambda m: print(m, file=sys.stderr))
         print(json.dumps(repo_facts(root, 8765), indent=1))
         return 0
     watch = (args.watch_pid, args.watch_start_time) if args.watch_pid else None
-    return serve(args.root, args.bind, args.port, watch)
+    files = {}
+    for spec in args.file:
+        url_path, sep, path = spec.partition("=")
+        if not sep or not url_path or not path:
+            parser.error(f"--file wants URL_PATH=FILE, not {spec!r}")
+        files[url_path] = Path(path)
+    return serve(args.root, args.bind, args.port, watch, files)
 
 
 if __name__ == "__main__":
