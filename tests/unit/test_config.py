@@ -88,7 +88,7 @@ def test_kernel_module_choice_is_checked():
 
 
 def test_open_modules_are_the_default_on_turing_and_newer():
-    config = load_host_config("box", {**REFERENCE, "gpu_model": "Tesla T4"})
+    config = load_host_config("box", {**REFERENCE, "gpu_model": "Tesla T4", "backend": "none"})
     assert config.driver_kernel_modules == "open"
 
 
@@ -159,3 +159,8 @@ def test_every_catalog_url_has_a_distro_or_is_absolute():
         value = catalog.get_path(catalog.load(), path)
         if path.endswith("url"):
             assert value.startswith("https://"), path
+
+
+def test_a_model_that_does_not_fit_the_gpus_is_refused():
+    msg = messages({**REFERENCE, "gpu_model": "Tesla T4"})["model_ctx"]
+    assert "needs about 47 GiB of GPU memory; 2x Tesla T4 have 28 GiB usable" in msg
