@@ -460,6 +460,17 @@ def _backend_problems(
         model["context"],
     ):
         problems.append(Problem(host, key, message))
+    llama = host_catalog["llamacpp"]
+    if values["backend"] == "llamacpp" and not llama["sha256"]:
+        problems.append(
+            Problem(
+                host,
+                "catalog_overrides",
+                f"no pinned sha256 for the llama.cpp {llama['tag']} tarball: the first download is "
+                "trusted and its checksum printed; pin it with {'llamacpp.sha256': '...'}",
+                severity="warning",
+            )
+        )
     gpu = compat.GPU_MODELS.get(values["gpu_model"])
     if gpu and values["backend"] == "llamacpp" and values["llamacpp_cuda"]:
         need_mib = (

@@ -1,10 +1,11 @@
 """The sandbox box end to end: up, SSH, systemd, the stand-in NVIDIA repositories, a real
-reboot, Docker with the stand-in container toolkit, DCGM, the gpu-burn tarball, and a down
-that leaves nothing behind.
+reboot, Docker with the stand-in container toolkit, DCGM, the gpu-burn tarball, llama.cpp's
+source tarball, the tiny model and the compiler cache, and a down that leaves nothing behind.
 
 The tests run in file order against one box. The first run on a machine builds the root
-filesystem (about 75 s on 2 cores); after that `up` takes a few seconds. Timings are printed
-(run with -s to see them), never asserted.
+filesystem (about 75 s on 2 cores) and fetches llama-cpp-python's sdist from PyPI and packs
+llama.cpp's tarball from it (about a minute); after that `up` takes a few seconds. Timings are
+printed (run with -s to see them), never asserted.
 """
 
 from __future__ import annotations
@@ -288,6 +289,54 @@ def test_gpu_burn_tarball(info: dict[str, Any]) -> None:
     assert out[2] == f"gpu-burn-{commit}/"  # GitHub's archive layout
     served = Path(info["repo_root"]) / "github/wilicc/gpu-burn/archive" / f"{commit}.tar.gz"
     assert hashlib.sha256(served.read_bytes()).hexdigest() == info["gpu_burn_sha256"]
+
+
+def test_llamacpp_source_and_tiny_model_are_served(info: dict[str, Any]) -> None:
+    # GitHub's tag archive of llama.cpp, packed from PyPI's llama-cpp-python sdist (no build
+    # here: the deploy's integration test builds it)
+    assert info["llamacpp_url"].endswith(
+        "/github/ggml-org/llama.cpp/archive/refs/tags/{tag}.tar.gz"
+    )
+    assert (info["llamacpp_tag"], info["llamacpp_commit"]) == ("b11312", "0c1e570")
+    assert info["llamacpp_build_number"] == 11312
+    url = info["llamacpp_url"].format(tag=info["llamacpp_tag"])
+    started = time.monotonic()
+    out = sandbox.ssh(
+        f"""set -e
+        curl -fsS -o /tmp/llama.cpp.tar.gz {url}
+        sha256sum < /tmp/llama.cpp.tar.gz | cut -d' ' -f1
+        tar -tzf /tmp/llama.cpp.tar.gz > /tmp/llama.cpp.list
+        head -1 /tmp/llama.cpp.list
+        grep -c '^llama.cpp-b11312/tools/server/main.cpp$' /tmp/llama.cpp.list
+        rm /tmp/llama.cpp.tar.gz /tmp/llama.cpp.list""",
+        info=info,
+    ).stdout.split()
+    _timing("llama.cpp tarball downloaded and listed", time.monotonic() - started)
+    assert out == [info["llamacpp_sha256"], "llama.cpp-b11312/", "1"]
+
+    # the tiny model, whole and in a byte range (a resumed download)
+    assert info["model_url"].endswith("/models/gpubox-tiny.gguf")
+    assert info["model_file"] == "gpubox-tiny.gguf"
+    out = sandbox.ssh(
+        f"""set -e
+        curl -fsS -o /tmp/tiny.gguf {info["model_url"]}
+        sha256sum < /tmp/tiny.gguf | cut -d' ' -f1; stat -c %s /tmp/tiny.gguf
+        head -c 1000 /tmp/tiny.gguf > /tmp/part.gguf
+        curl -fsS -C - -o /tmp/part.gguf {info["model_url"]}
+        sha256sum < /tmp/part.gguf | cut -d' ' -f1
+        curl -fsS -r 0-3 {info["model_url"]}; echo
+        rm /tmp/tiny.gguf /tmp/part.gguf""",
+        info=info,
+    ).stdout.split()
+    assert out == [info["model_sha256"], str(info["model_size"]), info["model_sha256"], "GGUF"]
+
+    # the compiler cache is the host's directory, bind-mounted into the box
+    assert info["ccache_dir"] == sandbox.CCACHE_DIR == "/var/cache/gpubox-ccache"
+    marker = f"gpubox-test-{os.getpid()}"
+    sandbox.ssh(f"touch {info['ccache_dir']}/{marker}", info=info)
+    host_marker = Path(info["ccache_host_dir"]) / marker
+    assert host_marker.exists()
+    host_marker.unlink()
 
 
 def test_down_leaves_nothing_behind(info: dict[str, Any]) -> None:

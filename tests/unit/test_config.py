@@ -18,7 +18,15 @@ REFERENCE = {
 
 def messages(data):
     _, problems = validate("box", data)
-    return {p.key: p.message for p in problems}
+    return {p.key: p.message for p in problems if p.severity == "error"}
+
+
+def test_an_unpinned_llamacpp_tarball_is_a_warning():
+    _, problems = validate("box", REFERENCE)
+    (warning,) = [p for p in problems if p.severity == "warning"]
+    assert "no pinned sha256 for the llama.cpp b8054 tarball" in warning.message
+    pinned = {**REFERENCE, "catalog_overrides": {"llamacpp.sha256": "ab" * 32}}
+    assert validate("box", pinned)[1] == []
 
 
 def test_reference_box_is_valid_and_defaults_resolve():
@@ -62,7 +70,11 @@ def test_every_problem_is_reported_at_once():
     _, problems = validate(
         "box", {**REFERENCE, "driver_brach": "570", "gpu_count": "two", "cuda_version": "13.0"}
     )
-    assert {p.key for p in problems} == {"driver_brach", "gpu_count", "cuda_version"}
+    assert {p.key for p in problems if p.severity == "error"} == {
+        "driver_brach",
+        "gpu_count",
+        "cuda_version",
+    }
     assert all(p.host == "box" for p in problems)
 
 
