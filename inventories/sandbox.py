@@ -33,7 +33,18 @@ hosts = [
             # Imported into the box's Docker from a local root filesystem, never pulled.
             "docker_check_image": info["check_image"],
             "burnin_seconds": 3,
-            "backend": "none",
+            # llama.cpp built for real in the box, for its CPU (no GPU there), through a
+            # compiler cache the sandbox keeps across boxes; the tiny model over plain HTTP.
+            "backend": "llamacpp",
+            "llamacpp_cuda": False,
+            "llamacpp_ccache": True,
+            "model_source": "url",
+            "model_url": info["model_url"],
+            "model_file": info["model_file"],
+            "model_sha256": info["model_sha256"],
+            "model_ctx": 2048,
+            "model_parallel": 2,
+            "health_timeout": 120,
             "catalog_overrides": {
                 "repos.nvidia_cuda.url": info["repo_url"],
                 "repos.nvidia_cuda.key_url": info["key_url"],
@@ -44,6 +55,10 @@ hosts = [
                 "gpu_burn.url": info["gpu_burn_url"],
                 "gpu_burn.sha256": info["gpu_burn_sha256"],
                 "gpu_burn.commit": info["gpu_burn_commit"],
+                "llamacpp.url": info["llamacpp_url"],
+                "llamacpp.sha256": info["llamacpp_sha256"],
+                "llamacpp.tag": info["llamacpp_tag"],
+                "llamacpp.commit": info["llamacpp_commit"],
             },
         },
     )

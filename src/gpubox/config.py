@@ -149,7 +149,7 @@ KEYS: tuple[Key, ...] = (
         "'hf' (or a mirror: hf_endpoint), 'modelscope' or 'url'",
         choices=("hf", "modelscope", "url"),
     ),
-    Key("model_url", str, None, "with model_source 'url': where the GGUF file is (HTTPS)"),
+    Key("model_url", str, None, "with model_source 'url': where the GGUF file is"),
     Key("model_file", str, None, "the file's name (default: the catalog's)"),
     Key("model_sha256", str, None, "the file's sha256 (default: the catalog's)"),
     Key("model_dir", str, "/srv/models", "where models are kept on the box"),

@@ -91,6 +91,13 @@ def burnin(inventory: str = INVENTORY) -> DeployRun:
     return DeployRun(proc.returncode, time.monotonic() - start, output=proc.stdout + proc.stderr)
 
 
+def box_info() -> dict:
+    """The running sandbox box's facts (box.json)."""
+    from gpubox import sandbox
+
+    return dict(sandbox.box_info())
+
+
 def load_check_image() -> str:
     """The image the host checks start GPU containers from: imported into the box's Docker
     from a local root filesystem (the sandbox reaches no registry)."""

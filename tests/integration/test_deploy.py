@@ -181,3 +181,55 @@ def test_burnin_fails_naming_a_faulty_gpu_then_passes(tmp_path):
     assert record["passed"] is True and set(record["gpu_burn"]["gpus"].values()) == {"OK"}
     checks = demo.checks(inventory=str(required), extra=("-k", "burnin"))
     assert checks.rc == 0 and checks.passed == 1, checks.output[-3000:]
+
+
+# The inference backend (issue 4): llama.cpp built in the box, serving the tiny model.
+
+LLAMA = "gpubox-llama-server"
+
+
+def invocation() -> str:
+    return box_sh(f"systemctl show -p InvocationID --value {LLAMA}").strip()
+
+
+def test_the_api_serves_the_tiny_models_reply_and_reports_its_speed():
+    info = demo.box_info()
+    key = box_sh("cat /etc/gpubox/api-key").strip()
+    body = json.dumps(
+        {
+            "model": "qwen3-next",
+            "max_tokens": 32,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "Hi"}],
+        }
+    )
+    out = box_sh(
+        f"curl -sS -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
+        f"-d '{body}' http://127.0.0.1:8080/v1/chat/completions"
+    )
+    events = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("data: {")]
+    text = "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", []))
+    assert text == info["model_reply"], out[-1000:]
+    timings = [e["timings"] for e in events if "timings" in e][-1]
+    print(
+        f"\ntiny model decode: {timings['predicted_per_second']:.0f} tokens/s "
+        f"({timings['predicted_n']} tokens)"
+    )
+    assert timings["predicted_n"] >= 1
+
+
+def test_a_changed_flag_restarts_the_service_once():
+    before = invocation()
+    changed = demo.deploy(extra=("--data", "model_parallel=3"))
+    assert changed.rc == 0 and changed.changed >= 1, changed.output[-3000:]
+    after = invocation()
+    assert after != before
+    assert "-np 3" in box_sh(f"systemctl show -p ExecStart --value {LLAMA}")
+    again = demo.deploy(extra=("--data", "model_parallel=3"))
+    assert again.no_change, again.changed_names
+    assert invocation() == after
+    restored = demo.deploy()
+    assert restored.rc == 0 and invocation() != after
+    checks = demo.checks(extra=("-k", "backend"))
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-3000:]

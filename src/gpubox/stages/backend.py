@@ -21,7 +21,7 @@ from gpubox.stages.model import plan as model_plan
 LLAMA_UNIT = "gpubox-llama-server"
 VLLM_UNIT = "gpubox-vllm"
 BUILD_INFO = "BUILD-INFO.json"
-LLAMA_BUILD_PACKAGES = ["cmake", "g++", "make", "pkg-config", "libssl-dev", "curl"]
+LLAMA_BUILD_PACKAGES = ["cmake", "g++", "make", "libssl-dev", "curl"]
 
 
 @dataclass(frozen=True)
