@@ -168,3 +168,13 @@ def test_backend_compat_rules():
     assert "must be one of 'llamacpp', 'vllm', 'none'" in problems({"backend": "tgi"})["backend"]
     assert problems({"model_quantization": "bf16", "gpu_model": "NVIDIA A100-SXM4-80GB"}) == {}
     assert "model_url" in problems({"model_source": "url"})
+
+
+def test_too_little_disk_for_the_model_is_refused_before_anything(plan_of):
+    import pytest
+
+    from gpubox.stages import DeployRefused
+
+    answers = fresh_box("ubuntu2404", **{"df -B1 --output=avail": str(10 * 2**30)})
+    with pytest.raises(DeployRefused, match=r"has 10\.0 GiB free; .* needs 46\.0 GiB"):
+        plan_of(model_stage.model, REFERENCE, answers)

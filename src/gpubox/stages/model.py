@@ -124,18 +124,21 @@ def model():
     present = host.get_fact(CommandOutput, command=f"test -f {q(p.path)} && echo yes").strip()
     if stamp == p.stamp and present == "yes":
         return None
-    if p.size:
+    # The file's size when the catalog knows it, else the model's weights as an estimate.
+    model_entry = config.catalog["models"][config.model]
+    need = p.size or (model_entry["weights_gib"] * 2**30 if p.file == model_entry["file"] else 0)
+    if need:
         free = host.get_fact(
             CommandOutput,
             command=f'd={q(p.directory)}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; '
             'df -B1 --output=avail "$d" | tail -n 1',
         ).strip()
-        if free.isdigit() and int(free) < p.size:
+        if free.isdigit() and int(free) < need:
             from gpubox.stages import DeployRefused
 
             raise DeployRefused(
                 f"{host.name}: model_dir {p.directory} has {int(free) / 2**30:.1f} GiB free; "
-                f"{p.file} needs {p.size / 2**30:.1f} GiB"
+                f"{p.file} needs {need / 2**30:.1f} GiB; nothing was changed"
             )
     catalog = config.catalog
     if p.source in ("hf", "modelscope"):
