@@ -50,6 +50,18 @@ def main(argv: list[str] | None = None) -> int:
         from gpubox.sandbox.cli import main as sandbox_main
 
         return sandbox_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from gpubox.bench import main as bench_main
+
+        return bench_main(argv[1:])
+    if argv[:1] == ["doctor"]:
+        from gpubox.doctor import main as doctor_main
+
+        return doctor_main(argv[1:])
+    if argv[:1] == ["nvlink"]:
+        from gpubox.nvlink import main as nvlink_main
+
+        return nvlink_main(argv[1:])
     parser = argparse.ArgumentParser(prog="gpubox", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate an inventory offline (no host is contacted)")
@@ -60,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     burnin.add_argument("--seconds", type=int, help="override burnin_seconds")
     burnin.set_defaults(func=cmd_burnin)
     sub.add_parser("sandbox", help="the local sandbox box: up|down|status|ssh|exec")
+    sub.add_parser("bench", help="measure a served model (TTFT, TPOT, ITL, tok/s)")
+    sub.add_parser("doctor", help="the whole box on one screen, and every deviation (read-only)")
+    sub.add_parser("nvlink", help="watch NVLink traffic per GPU (dcgmi dmon, labelled)")
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -1,0 +1,465 @@
+"""gpubox bench: statistics on fixed data, and the whole bench against a synthetic
+OpenAI-compatible streaming server on loopback that emits tokens on a known schedule.
+
+The server (``SyntheticServer``) is also used by benchmarks/bench_accuracy.py."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpubox import bench
+
+MODEL = "synthetic-model"
+KEY = "test-key"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: SyntheticServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorized(self) -> bool:
+        if self.server.key and self.headers.get("Authorization") != f"Bearer {self.server.key}":
+            self._json(401, {"error": {"code": 401, "message": "Invalid API Key"}})
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            return
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": MODEL, "owned_by": "synthetic"}]})
+        else:
+            self._json(404, {"error": {"code": 404, "message": "Not Found"}})
+
+    def _send(self, chunk: Any) -> None:
+        text = chunk if isinstance(chunk, str) else json.dumps(chunk)
+        self.wfile.write(f"data: {text}\n\n".encode())
+
+    def do_POST(self) -> None:
+        # The schedule starts when the connection was accepted, the server's first sight of it.
+        arrived = self.server.accepted.pop(id(self.request), time.perf_counter())
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if not self._authorized():
+            return
+        if body.get("model") != MODEL:
+            self._json(404, {"error": {"code": 404, "message": "model not found"}})
+            return
+        srv = self.server
+        n = int(body.get("max_tokens", 16))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {
+                "object": "chat.completion.chunk",
+                "model": MODEL,
+                "system_fingerprint": "synthetic-1",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+
+        # A role chunk at once, without a token: it must not start the TTFT clock.
+        self._send(chunk({"role": "assistant", "content": None}))
+        sent = chunks = 0
+        first_sent, first_batch = time.perf_counter(), 1
+        while sent < n:
+            target = arrived + srv.ttft + chunks * srv.interval
+            delay = target - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            if srv.mode == "early" and sent == srv.stop_after:
+                return  # the connection closes: no [DONE]
+            if srv.mode == "error" and sent == srv.stop_after:
+                self._send({"error": {"code": 500, "message": "out of memory"}})
+                return
+            batch = min(srv.batch, n - sent)
+            field = "content"
+            if srv.mode == "reasoning" and sent < srv.reasoning_tokens:
+                field = srv.reasoning_field
+            self._send(chunk({field: "tok " * batch}))
+            if sent == 0:
+                first_sent, first_batch = time.perf_counter(), batch
+            sent += batch
+            chunks += 1
+        last_sent = time.perf_counter()
+        self._send(chunk({}, "length"))
+        # Like llama.cpp's timings: the decode rate the server itself achieved.
+        decode_s = max(1e-9, last_sent - first_sent)
+        self._send(
+            {
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": n + 7},
+                "timings": {"predicted_n": n, "predicted_per_second": (n - first_batch) / decode_s},
+            }
+        )
+        self._send("[DONE]")
+
+
+class SyntheticServer(ThreadingHTTPServer):
+    """First token `ttft` seconds after the connection is accepted, then one token (or `batch`
+    tokens) every `interval` seconds on an absolute schedule, then usage (with llama.cpp-style
+    timings) and [DONE]. Modes: "ok", "early" (closes after `stop_after` tokens), "error" (an
+    error event after `stop_after` tokens), "reasoning" (the first `reasoning_tokens` in
+    `reasoning_field`).
+
+    One accepting thread hands connections to `workers` daemon threads started beforehand (a
+    bounded loop that stops within 0.1 s of `stop`): no thread is spawned per request, so a
+    burst of connections is served at once rather than one thread start at a time."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        ttft: float = 0.2,
+        interval: float = 0.02,
+        key: str | None = KEY,
+        batch: int = 1,
+        workers: int = 32,
+    ) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.socket.settimeout(0.1)
+        self.ttft, self.interval, self.key, self.batch = ttft, interval, key, batch
+        self.mode = "ok"
+        self.stop_after = 3
+        self.reasoning_tokens = 5
+        self.reasoning_field = "reasoning_content"
+        self.accepted: dict[int, float] = {}
+        self.stopping = threading.Event()
+        self.connections: queue.Queue[tuple[Any, Any] | None] = queue.Queue()
+        self.threads = [
+            threading.Thread(target=self._worker, daemon=True, name=f"synthetic-{i}")
+            for i in range(workers)
+        ]
+        self.acceptor = threading.Thread(target=self._accept, daemon=True, name="synthetic")
+
+    def _accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                request, address = self.socket.accept()
+            except OSError:  # the 0.1 s timeout, or the socket closed by stop
+                continue
+            self.accepted[id(request)] = time.perf_counter()
+            self.connections.put((request, address))
+        for _ in self.threads:
+            self.connections.put(None)
+
+    def _worker(self) -> None:
+        while (item := self.connections.get()) is not None:
+            request, address = item
+            request.settimeout(None)
+            try:
+                self.finish_request(request, address)
+            except OSError:
+                pass  # the client went away
+            finally:
+                self.accepted.pop(id(request), None)
+                self.shutdown_request(request)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def start(self) -> SyntheticServer:
+        for thread in self.threads:
+            thread.start()
+        self.acceptor.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in [self.acceptor, *self.threads]:
+            thread.join(timeout=5)
+        self.server_close()
+
+    def __enter__(self) -> SyntheticServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _gevent_patched() -> bool:
+    # gpubox.inventory.load imports pyinfra_cli, whose import monkey-patches the process with
+    # gevent (threads become greenlets): timings taken after that measure gevent, not the bench.
+    import sys
+
+    monkey = sys.modules.get("gevent.monkey")
+    return bool(monkey and monkey.is_module_patched("socket"))
+
+
+@pytest.fixture
+def server() -> Iterator[SyntheticServer]:
+    if _gevent_patched():
+        pytest.skip("this process was monkey-patched by pyinfra_cli (gevent); run test_bench first")
+    with SyntheticServer(ttft=0.2, interval=0.02) as srv:
+        yield srv
+
+
+def settings(concurrency: list[int], requests: int, max_tokens: int = 20) -> bench.Settings:
+    return bench.Settings(
+        concurrency=concurrency,
+        requests=requests,
+        prompt_tokens=16,
+        max_tokens=max_tokens,
+        warmup=0,
+        seed=0,
+        ignore_eos=True,
+        timeout=10,
+    )
+
+
+def run(srv: SyntheticServer, concurrency: list[int], requests: int, **kw: Any) -> dict:
+    endpoint = bench.Endpoint(srv.url, MODEL, KEY, timeout=10)
+    return bench.bench_endpoint(endpoint, settings(concurrency, requests, **kw))
+
+
+# ---------------------------------------------------------------- statistics on fixed data
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert bench.percentile(values, 50) == 3.0
+    assert bench.percentile(values, 99) == pytest.approx(4 + 6 * 0.96)  # numpy: 9.76
+    assert bench.percentile(values, 0) == 1.0
+    assert bench.percentile(values, 100) == 10.0
+    assert bench.percentile([], 99) is None
+
+
+def test_summarize_reports_ms() -> None:
+    s = bench.summarize([0.1, 0.2, 0.3, 0.4])
+    assert s["mean"] == pytest.approx(250.0)
+    assert s["median"] == pytest.approx(250.0)
+    assert s["p99"] == pytest.approx(397.0)
+    assert s["std"] == pytest.approx(111.803, rel=1e-4)
+    assert bench.summarize([]) == {"mean": None, "median": None, "std": None, "p99": None}
+
+
+def test_tpot_excludes_the_first_token() -> None:
+    r = bench.RequestResult(ok=True, ttft=0.2, latency=1.2, output_tokens=11)
+    assert bench.tpot(r) == pytest.approx(0.1)
+    assert bench.tpot(bench.RequestResult(ok=True, ttft=0.2, latency=0.2, output_tokens=1)) is None
+
+
+def test_level_metrics_on_fixed_data() -> None:
+    ok1 = bench.RequestResult(
+        ok=True,
+        start=100.0,
+        ttft=0.1,
+        latency=1.1,
+        itl=[0.1] * 10,
+        output_tokens=11,
+        prompt_tokens=5,
+        token_times=[100.1 + 0.1 * i for i in range(11)],
+        server_decode_tps=9.0,
+    )
+    ok2 = bench.RequestResult(
+        ok=True,
+        start=100.0,
+        ttft=0.3,
+        latency=2.3,
+        itl=[0.2] * 10,
+        output_tokens=11,
+        prompt_tokens=5,
+        token_times=[100.3 + 0.2 * i for i in range(11)],
+    )
+    failed = bench.RequestResult(ok=False, start=100.0, ttft=0.01, error="stream ended")
+    m = bench.level_metrics([ok1, ok2, failed], duration=2.0, concurrency=3)
+    assert (m["completed"], m["failed"], m["max_concurrency"]) == (2, 1, 3)
+    assert m["total_input_tokens"] == 10 and m["total_output_tokens"] == 22
+    assert m["output_throughput"] == pytest.approx(11.0)
+    assert m["total_token_throughput"] == pytest.approx(16.0)
+    assert m["request_throughput"] == pytest.approx(1.0)
+    assert m["mean_ttft_ms"] == pytest.approx(200.0)  # the failed request's 10 ms is not in it
+    assert m["median_tpot_ms"] == pytest.approx(150.0)
+    assert m["mean_itl_ms"] == pytest.approx(150.0)
+    assert m["p99_e2el_ms"] == pytest.approx(1100 + 1200 * 0.99)
+    assert m["mean_decode_tps"] == pytest.approx((10 + 5) / 2)
+    assert m["mean_server_decode_tps"] == pytest.approx(9.0)
+    assert m["max_output_tokens_per_s"] == bench.peak_output_throughput([ok1, ok2], 100.0)
+    assert m["errors"] == {"stream ended": 1}
+
+
+def test_peak_output_throughput_buckets_by_second() -> None:
+    a = bench.RequestResult(ok=True, token_times=[0.1, 0.5, 0.9, 1.2])
+    b = bench.RequestResult(ok=True, token_times=[1.1, 1.3, 1.5, 1.7, 2.5])
+    assert bench.peak_output_throughput([a, b], start=0.0) == 5.0
+
+
+def test_prompts_are_reproducible_and_sized() -> None:
+    p = bench.make_prompt(100, seed=7, index=3)
+    assert p == bench.make_prompt(100, seed=7, index=3)
+    assert p != bench.make_prompt(100, seed=8, index=3)
+    assert p != bench.make_prompt(100, seed=7, index=4)
+    assert len(p.split()) == 100
+    # Pinned: a change of word list or generator would silently change every benchmark.
+    assert bench.make_prompt(5, seed=0, index=0) == PINNED_PROMPT
+
+
+PINNED_PROMPT = "too often last those well"
+
+
+# ---------------------------------------------------------------- against the synthetic server
+
+
+@pytest.mark.parametrize(("concurrency", "requests"), [(1, 3), (8, 8)])
+def test_ttft_and_tpot_match_the_schedule(
+    server: SyntheticServer, concurrency: int, requests: int
+) -> None:
+    report = run(server, [concurrency], requests)
+    level = report["levels"][0]
+    assert (level["completed"], level["failed"]) == (requests, 0)
+    assert level["total_output_tokens"] == 20 * requests
+    assert level["mean_ttft_ms"] == pytest.approx(200.0, rel=0.03)
+    assert level["median_ttft_ms"] == pytest.approx(200.0, rel=0.03)
+    assert level["mean_tpot_ms"] == pytest.approx(20.0, rel=0.03)
+    assert level["median_itl_ms"] == pytest.approx(20.0, rel=0.03)
+    assert level["mean_e2el_ms"] == pytest.approx(200 + 19 * 20, rel=0.03)
+    assert level["mean_server_decode_tps"] == pytest.approx(50.0, rel=0.03)
+    assert report["endpoint"]["system_fingerprint"] == "synthetic-1"
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_reasoning_deltas_count_as_the_first_token(server: SyntheticServer, field: str) -> None:
+    server.mode, server.reasoning_field = "reasoning", field
+    level = run(server, [1], 1)["levels"][0]
+    assert level["completed"] == 1
+    assert level["mean_ttft_ms"] == pytest.approx(200.0, rel=0.03)
+    assert level["mean_tpot_ms"] == pytest.approx(20.0, rel=0.03)
+
+
+@pytest.mark.parametrize("mode", ["early", "error"])
+def test_a_stream_that_stops_early_is_failed_never_fast(server: SyntheticServer, mode: str) -> None:
+    server.mode = mode
+    level = run(server, [2], 2)["levels"][0]
+    assert (level["completed"], level["failed"]) == (0, 2)
+    assert level["mean_ttft_ms"] is None and level["output_throughput"] == 0
+    (error,) = level["errors"]
+    assert ("without [DONE]" in error) if mode == "early" else ("out of memory" in error)
+
+
+def test_main_wrong_key_names_the_key_option(
+    server: SyntheticServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tmp_path / "key"
+    key.write_text("wrong\n")
+    rc = bench.main([server.url, "--model", MODEL, "--api-key-file", str(key)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "401" in err and "--api-key-file" in err and bench.KEY_ENV in err
+
+
+def test_main_unknown_model_lists_the_served_ones(
+    server: SyntheticServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(bench.KEY_ENV, KEY)
+    assert bench.main([server.url, "--model", "qwen3-next"]) == 2
+    err = capsys.readouterr().err
+    assert "'qwen3-next'" in err and MODEL in err
+
+
+def test_main_unreachable_endpoint_names_the_url(capsys: pytest.CaptureFixture[str]) -> None:
+    with SyntheticServer() as srv:
+        url = srv.url
+    assert bench.main([url, "--model", MODEL]) == 2
+    assert f"cannot reach {url}" in capsys.readouterr().err
+
+
+def test_main_prints_the_table_and_writes_json(
+    server: SyntheticServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server.ttft, server.interval = 0.01, 0.002
+    monkeypatch.setenv(bench.KEY_ENV, KEY)
+    out = tmp_path / "bench.json"
+    argv = [server.url, "--model", MODEL, "--concurrency", "1,2", "--requests", "2"]
+    rc = bench.main([*argv, "--max-tokens", "8", "--warmup", "1", "--json", str(out)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "Mean TTFT (ms):" in captured.out and "Output token throughput (tok/s):" in captured.out
+    assert "concurrency 2 [" in captured.err and "2/2" in captured.err
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["concurrency"] == [1, 2] and doc["settings"]["seed"] == 0
+    (result,) = doc["results"].values()
+    assert [lv["completed"] for lv in result["levels"]] == [2, 2]
+    assert result["endpoint"]["models"][0]["id"] == MODEL
+    assert len(result["levels"][1]["requests"]) == 2
+
+
+def test_main_plot_without_matplotlib_is_a_clear_message(
+    server: SyntheticServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kw: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    server.ttft, server.interval = 0.005, 0.001
+    monkeypatch.setenv(bench.KEY_ENV, KEY)
+    plot = tmp_path / "p.png"
+    argv = [server.url, "--model", MODEL, "--concurrency", "1", "--requests", "1"]
+    assert bench.main([*argv, "--max-tokens", "4", "--warmup", "0", "--plot", str(plot)]) == 0
+    assert "matplotlib" in capsys.readouterr().err and not plot.exists()
+
+
+def test_main_needs_model_with_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["http://127.0.0.1:9"]) == 2
+    assert "--model" in capsys.readouterr().err
+
+
+def test_main_inventory_benches_each_host_with_its_alias(
+    server: SyntheticServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server.ttft, server.interval = 0.005, 0.001
+    port = server.server_address[1]
+    inv = tmp_path / "inv.py"
+    inv.write_text(
+        f"hosts = [\n"
+        f"    ('box-a', {{'ssh_hostname': '127.0.0.1', 'api_port': {port},"
+        f" 'model_alias': '{MODEL}'}}),\n"
+        f"    ('box-b', {{'ssh_hostname': '127.0.0.1', 'api_port': {port},"
+        f" 'model_alias': 'other'}}),\n"
+        f"]\n"
+    )
+    key = tmp_path / "key"
+    key.write_text(KEY + "\n")
+    out = tmp_path / "b.json"
+    argv = ["--inventory", str(inv), "--api-key-file", str(key), "--concurrency", "1"]
+    rc = bench.main([*argv, "--requests", "1", "--max-tokens", "4", "--json", str(out)])
+    assert rc == 2  # box-b's alias is not served: reported, box-a still benched
+    assert "does not serve model 'other'" in capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert list(doc["results"]) == ["box-a"] and list(doc["problems"]) == ["box-b"]
