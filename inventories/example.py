@@ -16,9 +16,9 @@ box = {
     "persistence_mode": True,
     # Mirrors: point any catalog URL elsewhere, e.g. NVIDIA's repository:
     # "catalog_overrides": {
-    #     "repos.nvidia_cuda.url": "https://mirrors.example.org/nvidia-cuda/{distro}/x86_64/",
+    #     "repos.nvidia_cuda.url": "https://example.org/mirror/nvidia-cuda/{distro}/x86_64/",
     #     "repos.nvidia_cuda.key_url":
-    #         "https://mirrors.example.org/nvidia-cuda/{distro}/x86_64/cuda-archive-keyring.gpg",
+    #         "https://example.org/mirror/nvidia-cuda/{distro}/x86_64/cuda-archive-keyring.gpg",
     # },
 }
 

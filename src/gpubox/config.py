@@ -162,7 +162,7 @@ KEYS: tuple[Key, ...] = (
     Key("model_ctx", int, 32768, "context length the server allocates"),
     Key("model_parallel", int, 4, "parallel request slots (llama.cpp -np, vLLM max seqs)"),
     Key("model_alias", str, "qwen3-next", "the model id the API serves"),
-    Key("hf_endpoint", str, None, "Hugging Face mirror, e.g. https://hf-mirror.com"),
+    Key("hf_endpoint", str, None, "Hugging Face mirror, e.g. hf-mirror.com for users in China"),
     Key("api_host", str, "127.0.0.1", "address the API listens on"),
     Key("api_port", int, 8080, "port the API listens on"),
     Key(
