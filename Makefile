@@ -16,7 +16,7 @@ all: test
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,sandbox]'
+	$(PY) -m pip install -q -e '.[test,sandbox,plot]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -6,6 +6,11 @@ definitions: TTFT, TPOT (excluding the first token), ITL, E2EL (mean, median, p9
 request, output and total token throughput. Token counts come from the server's usage chunk;
 llama.cpp's own `timings.predicted_per_second` is shown beside the decode speed we measure.
 
+After each run a small summary (date, URL, model, per level the output tok/s, median TTFT and
+TPOT, failures) is kept on this machine under $GPUBOX_STATE_DIR or ~/.local/state/gpubox, in
+bench/url-<URL>.json (e.g. url-http_box_8080.json) and, with --inventory, also in
+bench/host-<name>.json: `gpubox doctor` shows it.
+
 Prompts are made of words drawn from a fixed list with a seeded generator, one word standing
 for about one token (the server's usage reports the real prompt length), so two boxes or two
 backends given the same settings do the same work.
@@ -19,6 +24,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -27,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -558,7 +565,9 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def write_plot(reports: dict[str, dict[str, Any]], path: str) -> str | None:
-    """Output throughput and median TPOT against concurrency; an error message or None."""
+    """Output throughput and median TPOT against concurrency, two panels, one line per
+    endpoint; an error message or None. matplotlib (the optional extra "plot") is imported
+    here only, with the Agg backend: no display needed."""
     try:
         import matplotlib
 
@@ -566,20 +575,126 @@ def write_plot(reports: dict[str, dict[str, Any]], path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "--plot needs matplotlib (pip install matplotlib); no plot was drawn"
+
+    def figure(value: Any) -> float:
+        return float("nan") if value is None else float(value)  # a gap, never a fake 0
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, report in reports.items():
-        levels = report["levels"]
-        xs = [lv["max_concurrency"] for lv in levels]
-        ax1.plot(xs, [lv["output_throughput"] or 0 for lv in levels], marker="o", label=name)
-        ax2.plot(xs, [lv["median_tpot_ms"] or 0 for lv in levels], marker="o", label=name)
-    ax1.set(xlabel="concurrency", ylabel="output token throughput (tok/s)")
-    ax2.set(xlabel="concurrency", ylabel="median TPOT (ms)")
-    for ax in (ax1, ax2):
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        for name, report in reports.items():
+            levels = report["levels"]
+            label = name or report["endpoint"].get("url", "")
+            xs = [lv["max_concurrency"] for lv in levels]
+            ax1.plot(xs, [figure(lv.get("output_throughput")) for lv in levels], "o-", label=label)
+            ax2.plot(xs, [figure(lv.get("median_tpot_ms")) for lv in levels], "o-", label=label)
+        ax1.set(
+            title="Output token throughput",
+            xlabel="concurrency",
+            ylabel="output token throughput (tok/s)",
+        )
+        ax2.set(title="Median TPOT", xlabel="concurrency", ylabel="median TPOT (ms)")
+        ticks = sorted({lv["max_concurrency"] for r in reports.values() for lv in r["levels"]})
+        for ax in (ax1, ax2):
+            ax.set_xticks(ticks)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, format="png")
+    except OSError as exc:
+        return f"cannot write --plot {path}: {exc}"
+    finally:
+        plt.close(fig)
+    return None
+
+
+# ---------------------------------------------------------------- the last figures, kept
+
+
+def records_dir() -> Path:
+    """Where the last bench figures are kept: $GPUBOX_STATE_DIR or ~/.local/state/gpubox,
+    then bench/ (on the operator's machine, not the box)."""
+    env = os.environ.get("GPUBOX_STATE_DIR")
+    base = Path(env) if env else Path.home() / ".local" / "state" / "gpubox"
+    return base / "bench"
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_") or "_"
+
+
+def record_url(url: str) -> str:
+    """The URL a record is kept under: scheme and host lower-cased, no trailing / or /v1."""
+    url = normalize_url(url)
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return f"{parts.scheme}://{parts.netloc.lower()}{path.rstrip('/')}"
+
+
+def record_paths(url: str | None = None, host: str | None = None) -> list[Path]:
+    """The record files for a host name and a URL, the host's first."""
+    base = records_dir()
+    paths = []
+    if host:
+        paths.append(base / f"host-{_safe(host)}.json")
+    if url:
+        paths.append(base / f"url-{_safe(record_url(url))}.json")
+    return paths
+
+
+def host_url(name: str, ssh_hostname: str | None, api_port: int) -> str:
+    """The endpoint --inventory benches for a host (and doctor looks its record up by)."""
+    return f"http://{ssh_hostname or name}:{api_port}"
+
+
+def summary_record(report: dict[str, Any], date: str | None = None) -> dict[str, Any]:
+    """The few figures doctor shows, from one endpoint's report."""
+    info = report["endpoint"]
+    return {
+        "date": date or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "url": info["url"],
+        "model": info["model"],
+        "backend": info.get("backend"),
+        "backend_version": info.get("backend_version"),
+        "levels": [
+            {
+                "concurrency": lv["max_concurrency"],
+                "output_throughput": lv["output_throughput"],
+                "median_ttft_ms": lv["median_ttft_ms"],
+                "median_tpot_ms": lv["median_tpot_ms"],
+                "completed": lv["completed"],
+                "failed": lv["failed"],
+            }
+            for lv in report["levels"]
+        ],
+        "failed": sum(lv["failed"] for lv in report["levels"]),
+    }
+
+
+def save_record(record: dict[str, Any], host: str | None = None) -> list[Path]:
+    """Keep the record under its URL (and its host name); the files written."""
+    written = []
+    for path in record_paths(record["url"], host):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+def load_record(host: str | None = None, url: str | None = None) -> dict[str, Any] | None:
+    """The last record of a host (by name), else of its URL; None when there is none or it is
+    not a bench record."""
+    for path in record_paths(url, host):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("levels"), list):
+            return record
     return None
 
 
@@ -739,7 +854,7 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 
     targets = []
     for name, data in hosts:
-        url = f"http://{data.get('ssh_hostname') or name}:{value(data, 'api_port')}"
+        url = host_url(name, data.get("ssh_hostname"), value(data, "api_port"))
         targets.append((name, url, args.model or value(data, "model_alias")))
     return targets
 
@@ -775,6 +890,10 @@ def main(argv: list[str]) -> int:
             continue
         reports[label or url] = report
         print(("" if len(reports) == 1 else "\n") + format_table(report))
+        try:
+            save_record(summary_record(report), label or None)
+        except OSError as exc:
+            print(f"gpubox bench: cannot keep the figures for doctor: {exc}", file=sys.stderr)
     if args.json:
         document = {
             "settings": asdict(settings) | {"key_given": key is not None},

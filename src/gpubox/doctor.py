@@ -7,8 +7,9 @@ Three steps, so that the judging is pure and tested on real outputs:
   checks in tests/host run) and keeps every output, failures included: a missing tool or a
   command that fails is a finding, never a crash. Nothing here changes the host.
 - ``describe(config, facts)`` reads the outputs with gpubox.parsers into one JSON-able view
-  (OS, GPUs, NVLink, driver, CUDA, Docker, DCGM, backend, burn-in); ``evaluate(config,
-  facts)`` turns every deviation from the configuration into a ``Finding`` with its fix.
+  (OS, GPUs, NVLink, driver, CUDA, Docker, DCGM, backend, burn-in; with the last figures
+  `gpubox bench` kept for the host on this machine, if any); ``evaluate(config, facts)``
+  turns every deviation from the configuration into a ``Finding`` with its fix.
 - ``render_text`` / ``render_json`` print them.
 
 Exit status: 0 when no host deviates, 1 when one does, 2 when the inventory is unusable."""
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpubox import parsers
+from gpubox import bench, parsers
 from gpubox.config import ConfigError, HostConfig, load_host_config, target_for
 
 QUERY_FIELDS = [
@@ -476,7 +477,10 @@ def _describe_dcgm(facts: Mapping[str, Output], services: Any) -> dict[str, Any]
 
 
 def _describe_backend(
-    facts: Mapping[str, Output], config: HostConfig, services: Any
+    facts: Mapping[str, Output],
+    config: HostConfig,
+    services: Any,
+    last_bench: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     unit = BACKEND_UNITS.get(config.backend)
     view: dict[str, Any] = {
@@ -485,6 +489,7 @@ def _describe_backend(
         "model": config.model_alias,
         "url": f"http://{_api_address(config)}:{config.api_port}",
         "health": None,
+        "last_bench": last_bench,
         "others_active": [
             u
             for u in BACKEND_UNITS.values()
@@ -523,9 +528,13 @@ def _describe_burnin(facts: Mapping[str, Output], now: datetime.datetime) -> dic
 
 
 def describe(
-    config: HostConfig, facts: Mapping[str, Output], now: datetime.datetime | None = None
+    config: HostConfig,
+    facts: Mapping[str, Output],
+    now: datetime.datetime | None = None,
+    last_bench: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything doctor shows, read from the facts (pure; JSON-able)."""
+    """Everything doctor shows, read from the facts (pure; JSON-able). ``last_bench`` is the
+    host's record from ``bench.load_record``, read on this machine by ``main``."""
     now = now or datetime.datetime.now(datetime.UTC)
     services = None
     out = facts.get("services")
@@ -543,7 +552,7 @@ def describe(
         "cuda": _describe_cuda(facts, config),
         "docker": _describe_docker(facts, services),
         "dcgm": _describe_dcgm(facts, services),
-        "backend": _describe_backend(facts, config, services),
+        "backend": _describe_backend(facts, config, services, last_bench),
         "burnin": _describe_burnin(facts, now),
     }
 
@@ -857,6 +866,33 @@ def _state(service: dict[str, Any]) -> str:
     return f"{service['active']}{enabled}"
 
 
+def _ms(value: Any) -> str:
+    return "?" if value is None else f"{value:.0f} ms" if value >= 100 else f"{value:.1f} ms"
+
+
+def format_bench(record: dict[str, Any] | None, model: str | None = None) -> str:
+    """'last bench 2026-11-30: 1 stream 65 tok/s, TTFT 120 ms, TPOT 15.2 ms; ...' (median TTFT
+    and TPOT) or 'no bench yet'; the record's model is named when it is not ``model``."""
+    if not record:
+        return "no bench yet (gpubox bench --inventory INVENTORY)"
+    parts = []
+    for lv in record.get("levels") or []:
+        n = lv.get("concurrency")
+        tps = lv.get("output_throughput")
+        part = (
+            f"{n} stream{'' if n == 1 else 's'} "
+            f"{'?' if tps is None else format(tps, '.0f')} tok/s, "
+            f"TTFT {_ms(lv.get('median_ttft_ms'))}, TPOT {_ms(lv.get('median_tpot_ms'))}"
+        )
+        if lv.get("failed"):
+            part += f", {lv['failed']} FAILED"
+        parts.append(part)
+    date = str(record.get("date") or "?")[:10]
+    other = record.get("model")
+    named = f" of model {other}" if other and other != model else ""
+    return f"last bench {date}{named}: " + ("; ".join(parts) or "no level measured")
+
+
 def render_text(host: str, view: dict[str, Any], findings: list[Finding]) -> str:
     """One screen for one host."""
     lines: list[str] = []
@@ -947,6 +983,7 @@ def render_text(host: str, view: dict[str, Any], findings: list[Finding]) -> str
             f"/health {backend['health'] or 'no answer'}, model {backend['model']} "
             f"({backend['url']})"
         )
+        w(f"          {format_bench(backend.get('last_bench'), backend['model'])}")
 
     burnin = view["burnin"]
     if not burnin["record"]:
@@ -1044,7 +1081,8 @@ def main(argv: list[str]) -> int:
                 else:
                     print(f"== {name}: unreachable\n  ! {finding}\n")
                 continue
-            view = describe(config, facts)
+            url = bench.host_url(name, data.get("ssh_hostname"), config.api_port)
+            view = describe(config, facts, last_bench=bench.load_record(name, url))
             findings = evaluate(config, facts, args.inventory)
             deviations = deviations or bool(findings)
             if args.json:

@@ -22,6 +22,14 @@ MODEL = "synthetic-model"
 KEY = "test-key"
 
 
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test keeps its bench records in a temporary GPUBOX_STATE_DIR, never in ~."""
+    path = tmp_path / "state"
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(path))
+    return path
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: SyntheticServer
 
@@ -432,6 +440,96 @@ def test_main_plot_without_matplotlib_is_a_clear_message(
     assert "matplotlib" in capsys.readouterr().err and not plot.exists()
 
 
+def _fixed_report(url: str = "http://box:8080") -> dict[str, Any]:
+    """A report as bench_endpoint returns it, with fixed figures (what the record and the plot
+    read)."""
+
+    def level(n: int, tps: float, ttft: float, tpot: float | None, failed: int = 0) -> dict:
+        return {
+            "max_concurrency": n,
+            "output_throughput": tps,
+            "median_ttft_ms": ttft,
+            "median_tpot_ms": tpot,
+            "completed": 8 - failed,
+            "failed": failed,
+        }
+
+    return {
+        "endpoint": {"url": url, "model": MODEL, "backend": "llama.cpp", "backend_version": "b1"},
+        "levels": [
+            level(1, 65.2, 120.4, 15.2),
+            level(2, 110.0, 130.0, 17.9),
+            level(4, 180.5, 151.0, None, failed=1),
+        ],
+    }
+
+
+def test_plot_draws_throughput_and_tpot_to_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib (the optional extra 'plot') is absent")
+    out = tmp_path / "bench.png"
+    other = _fixed_report("http://other:8080")
+    other["levels"] = other["levels"][:2]
+    assert bench.write_plot({"box": _fixed_report(), "other": other}, str(out)) is None
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 5000  # two panels of lines, not an empty canvas
+
+
+def test_plot_to_an_unwritable_path_is_a_message(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib (the optional extra 'plot') is absent")
+    message = bench.write_plot({"box": _fixed_report()}, str(tmp_path / "no" / "dir" / "p.png"))
+    assert message is not None and "cannot write --plot" in message
+
+
+def test_summary_record_keeps_the_figures_doctor_shows(state_dir: Path) -> None:
+    record = bench.summary_record(_fixed_report(), date="2026-11-30T10:00:00+0000")
+    assert record["date"] == "2026-11-30T10:00:00+0000" and record["model"] == MODEL
+    assert record["levels"][0] == {
+        "concurrency": 1,
+        "output_throughput": 65.2,
+        "median_ttft_ms": 120.4,
+        "median_tpot_ms": 15.2,
+        "completed": 8,
+        "failed": 0,
+    }
+    assert record["failed"] == 1
+    written = bench.save_record(record, host="gpu box/1")
+    assert [p.name for p in written] == ["host-gpu_box_1.json", "url-http_box_8080.json"]
+    assert all(p.parent == state_dir / "bench" for p in written)
+    assert bench.load_record("gpu box/1") == record
+    # Without a record under the host name, its URL's, however the URL was written.
+    for url in ("http://box:8080", "box:8080", "http://BOX:8080/v1/"):
+        assert bench.load_record("other-host", url) == record
+    assert bench.load_record("other-host", "http://box:8081") is None
+    (state_dir / "bench" / "host-broken.json").write_text("{not json")
+    assert bench.load_record("broken") is None
+
+
+def test_records_dir_defaults_to_the_user_state_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("GPUBOX_STATE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert bench.records_dir() == tmp_path / ".local" / "state" / "gpubox" / "bench"
+
+
+def test_main_keeps_the_last_figures_for_doctor(
+    server: SyntheticServer,
+    monkeypatch: pytest.MonkeyPatch,
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server.ttft, server.interval = 0.005, 0.001
+    monkeypatch.setenv(bench.KEY_ENV, KEY)
+    argv = [server.url + "/v1", "--model", MODEL, "--concurrency", "1,2", "--requests", "2"]
+    assert bench.main([*argv, "--max-tokens", "4", "--warmup", "0"]) == 0
+    [path] = (state_dir / "bench").iterdir()
+    assert path.name.startswith("url-http_127.0.0.1_")
+    record = bench.load_record(url=server.url)
+    assert record is not None and record["model"] == MODEL and record["failed"] == 0
+    assert [lv["concurrency"] for lv in record["levels"]] == [1, 2]
+    assert all(lv["output_throughput"] > 0 and lv["median_tpot_ms"] for lv in record["levels"])
+
+
 def test_main_needs_model_with_url(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["http://127.0.0.1:9"]) == 2
     assert "--model" in capsys.readouterr().err
@@ -463,3 +561,6 @@ def test_main_inventory_benches_each_host_with_its_alias(
     assert "does not serve model 'other'" in capsys.readouterr().err
     doc = json.loads(out.read_text())
     assert list(doc["results"]) == ["box-a"] and list(doc["problems"]) == ["box-b"]
+    record = bench.load_record("box-a")
+    assert record is not None and record["url"] == f"http://127.0.0.1:{port}"
+    assert bench.load_record("box-b") is None  # not benched: no record under its name

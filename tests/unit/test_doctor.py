@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpubox import doctor
+from gpubox import bench, doctor
 from gpubox.config import load_host_config
 from gpubox.sandbox import standin
 from gpubox.sandbox.standin import state as st
@@ -184,6 +184,8 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
     assert "runtimes io.containerd.runc.v2, nvidia, runc (default runc)" in text
     assert "DCGM      nvidia-dcgm active, enabled, 2 GPU(s) discovered" in text
     assert "/health 200, model qwen3-next (http://127.0.0.1:8080)" in text
+    assert "\n          no bench yet (gpubox bench --inventory INVENTORY)\n" in text
+    assert view["backend"]["last_bench"] is None
     assert "Burn-in   passed 2026-02-27T10:00:00+00:00, 2 day(s) ago (GPU 0 OK, GPU 1 OK)" in text
     assert view["gpus"]["gpus"][1]["power_limit_w"] == 300.0
 
@@ -313,3 +315,56 @@ def test_systemctl_show_blocks():
     units = doctor.parse_systemctl_show(_systemctl_show({"docker": "active"}))
     assert units["docker"]["ActiveState"] == "active"
     assert units["gpubox-vllm"]["LoadState"] == "loaded"
+
+
+def _bench_report(url: str, model: str = "qwen3-next") -> dict[str, Any]:
+    def level(n: int, tps: float, ttft: float, tpot: float, failed: int = 0) -> dict[str, Any]:
+        return {
+            "max_concurrency": n,
+            "output_throughput": tps,
+            "median_ttft_ms": ttft,
+            "median_tpot_ms": tpot,
+            "completed": 8 - failed,
+            "failed": failed,
+        }
+
+    return {
+        "endpoint": {"url": url, "model": model},
+        "levels": [level(1, 65.4, 120.2, 15.24), level(4, 201.0, 180.0, 19.6, failed=2)],
+    }
+
+
+def test_the_last_bench_figures_are_shown_in_the_backend_section(
+    host: StandinHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
+    url = bench.host_url("box", "gpu1.example", CONFIG.api_port)
+    assert url == "http://gpu1.example:8080"
+    record = bench.summary_record(_bench_report(url), date="2026-11-30T10:00:00+0100")
+    bench.save_record(record, host="box")
+    found = bench.load_record("box", url)
+    facts = doctor.gather(host, CONFIG)
+    view = doctor.describe(CONFIG, facts, NOW, last_bench=found)
+    text = doctor.render_text("box", view, doctor.evaluate(CONFIG, facts, "inv.py", NOW))
+    assert (
+        "\n          last bench 2026-11-30: 1 stream 65 tok/s, TTFT 120 ms, TPOT 15.2 ms; "
+        "4 streams 201 tok/s, TTFT 180 ms, TPOT 19.6 ms, 2 FAILED\n"
+    ) in text
+    report = json.loads(doctor.render_json([doctor.host_report("box", view, [])]))
+    assert report["hosts"][0]["backend"]["last_bench"] == record
+
+
+def test_the_last_bench_is_found_by_url_and_names_another_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
+    url = bench.host_url("box", None, 8080)
+    assert bench.load_record("box", url) is None
+    assert doctor.format_bench(None).startswith("no bench yet")
+    # `gpubox bench http://box:8080 --model other` keeps it under the URL only.
+    bench.save_record(bench.summary_record(_bench_report("http://box:8080/", "other")))
+    record = bench.load_record("box", url)
+    assert record is not None
+    assert doctor.format_bench(record, "qwen3-next").startswith("last bench ")
+    assert " of model other: 1 stream 65 tok/s" in doctor.format_bench(record, "qwen3-next")
+    assert " of model" not in doctor.format_bench(record, "other")
