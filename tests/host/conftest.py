@@ -70,6 +70,13 @@ class Box:
     def driver_packages(self):
         return self.config.driver_packages(self.target.family)
 
+    def assert_service_up(self, unit: str) -> None:
+        """The systemd unit is running and enabled."""
+        service = self.host.service(unit)
+        assert service.is_running and service.is_enabled, (
+            f"{self.name}: {unit} running={service.is_running} enabled={service.is_enabled}"
+        )
+
     def assert_pinned_and_held(self, what: str, packages: list[str], version: str) -> None:
         """Every package installed at ``version`` and held (apt-mark hold)."""
         wrong = {

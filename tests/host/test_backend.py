@@ -35,11 +35,7 @@ def curl(box, url: str, *args: str, key: bool = True) -> tuple[int, str]:
 
 @pytest.mark.quick
 def test_the_service_is_active_and_enabled(box, api):
-    service = box.host.service(UNITS[box.config.backend])
-    assert service.is_running and service.is_enabled, (
-        f"{box.name}: {UNITS[box.config.backend]} running={service.is_running} "
-        f"enabled={service.is_enabled}"
-    )
+    box.assert_service_up(UNITS[box.config.backend])
 
 
 @pytest.mark.quick

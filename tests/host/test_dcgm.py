@@ -19,10 +19,7 @@ def test_dcgm_packages_pinned_and_held(box):
 
 @pytest.mark.quick
 def test_nvidia_dcgm_is_active(box):
-    service = box.host.service("nvidia-dcgm")
-    assert service.is_running and service.is_enabled, (
-        f"{box.name}: nvidia-dcgm running={service.is_running} enabled={service.is_enabled}"
-    )
+    box.assert_service_up("nvidia-dcgm")
 
 
 @pytest.mark.quick

@@ -23,10 +23,7 @@ def container_gpus(box, run_args: str) -> list:
 
 @pytest.mark.quick
 def test_docker_is_active_and_enabled(box):
-    service = box.host.service("docker")
-    assert service.is_running and service.is_enabled, (
-        f"{box.name}: docker running={service.is_running} enabled={service.is_enabled}"
-    )
+    box.assert_service_up("docker")
 
 
 @pytest.mark.quick
