@@ -31,13 +31,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_burnin(args: argparse.Namespace) -> int:
-    """Run deploy/burnin.py against the inventory (pyinfra, as a user would type it)."""
+    """Run the burn-in deploy against the inventory (pyinfra, as a user would type it); the
+    deploy file ships inside the package, so an installed gpubox has it too."""
     import os
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    deploy_file = Path(__file__).resolve().parent / "deploy" / "burnin.py"
     pyinfra = Path(sys.executable).parent / "pyinfra"
-    argv = [str(pyinfra), "-y", args.inventory, str(root / "deploy" / "burnin.py")]
+    argv = [str(pyinfra), "-y", args.inventory, str(deploy_file)]
     if args.seconds is not None:
         argv[2:2] = ["--data", f"burnin_seconds={args.seconds}"]
     os.execv(argv[0], argv)

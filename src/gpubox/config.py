@@ -79,6 +79,13 @@ KEYS: tuple[Key, ...] = (
         "reboot when the installed driver differs from the loaded one (else stop and say so)",
     ),
     Key("reboot_timeout", int, 900, "seconds to wait for the box to come back after a reboot"),
+    Key(
+        "apt_lock_timeout",
+        int,
+        900,
+        "seconds a deploy waits for dpkg's locks (a fresh box's unattended-upgrades) before "
+        "it stops, nothing changed",
+    ),
     Key("persistence_mode", bool, True, "run nvidia-persistenced with persistence mode on"),
     # Stage docker
     Key(

@@ -155,6 +155,13 @@ def checks(inventory: str = INVENTORY, extra: tuple[str, ...] = ()) -> CheckRun:
 
 def main() -> int:
     start = time.monotonic()
+    if not (ROOT / "deploy" / "full.py").is_file():
+        print(
+            "gpubox demo runs from a gpubox checkout (make demo): it needs deploy/, inventories/ "
+            f"and tests/host beside the package, and {ROOT} has none",
+            file=sys.stderr,
+        )
+        return 2
     if sandbox("status", check=False, quiet=True).returncode == 0:
         print("== gpubox demo: reusing the sandbox box that is up (make demo-down stops it)")
     else:

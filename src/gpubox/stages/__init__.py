@@ -20,9 +20,11 @@ from gpubox.config import HostConfig, Problem, Target, target_for, validate
 
 __all__ = ["Target", "target_for"]
 
-ROOT = Path(__file__).resolve().parents[3]
-TEMPLATES = ROOT / "templates"
-FILES = ROOT / "files"
+# Shipped inside the package (package data), so an installed gpubox finds them as well as a
+# checkout does.
+PACKAGE = Path(__file__).resolve().parents[1]
+TEMPLATES = PACKAGE / "templates"
+FILES = PACKAGE / "files"
 
 
 class DeployRefused(PyinfraError):
