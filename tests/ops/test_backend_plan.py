@@ -111,7 +111,7 @@ def test_vllm_unit_flags_volumes_and_no_key_on_the_command_line():
         "--served-model-name qwen3-next",
         "-v /var/cache/gpubox/vllm/triton:/root/.triton",
         "-v /var/cache/gpubox/vllm/vllm:/root/.cache/vllm",
-        "-e VLLM_API_KEY ",
+        "--env-file /run/gpubox-vllm/env ",
     ):
         assert expected in unit, expected
     assert "--enforce-eager" not in unit and not re.search(r"--api-key \S", unit)
@@ -128,7 +128,10 @@ def test_vllm_plan_warms_up_and_stops_llama_server(plan_of):
     )
     plan = plan_of(backend_stage.backend, {**REFERENCE, "backend": "vllm"}, answers)
     assert plan.op("Pull vllm/vllm-openai:v0.19.1") == ["docker pull vllm/vllm-openai:v0.19.1"]
-    assert [n for n in plan.names if "Warm-up request" in n]
+    (warm,) = plan.op("Warm-up request")
+    # The key reaches curl on its standard input (--config -), never in an argument.
+    assert "--config - " in warm and "/etc/gpubox/api-key" in warm
+    assert "$(" not in warm and "`" not in warm and "Bearer $" not in warm
     assert [n for n in plan.names if "Stop and disable gpubox-llama-server" in n]
 
 

@@ -4,17 +4,20 @@ Debian 12, and the burn-in verdict."""
 from __future__ import annotations
 
 import json
+import shlex
 from types import SimpleNamespace
 
 import pytest
 from conftest import REFERENCE, fresh_box
 from pyinfra.api.exceptions import OperationError
 
+from gpubox.config import load_host_config, target_for
 from gpubox.operations import merge_json
 from gpubox.stages import burnin as burnin_stage
 from gpubox.stages import container_toolkit as toolkit_stage
 from gpubox.stages import dcgm as dcgm_stage
 from gpubox.stages import docker as docker_stage
+from gpubox.stages import render
 from gpubox.stages import tools as tools_stage
 
 NO_DOCKER = {"echo binary=$(command -v dockerd": ["binary=", "active=inactive", "package="]}
@@ -33,12 +36,11 @@ def test_docker_from_dockers_repository_on_ubuntu(plan_of):
         [
             "docker-ce=5:28.5.1-1~ubuntu.24.04~noble",
             "docker-ce-cli=5:28.5.1-1~ubuntu.24.04~noble",
-            "containerd.io=1.7.28-1~ubuntu.24.04~noble",
+            "containerd.io=1.7.28-2~ubuntu.24.04~noble",
             "docker-buildx-plugin=0.29.1-1~ubuntu.24.04~noble",
             "docker-compose-plugin=2.40.3-1~ubuntu.24.04~noble",
         ]
     )
-    from gpubox.config import load_host_config, target_for
     from gpubox.stages.apt_repo import source_line
 
     config = load_host_config("b", REFERENCE)
@@ -115,9 +117,40 @@ def test_container_toolkit_plan(plan_of):
     assert plan.op("daemon.json: the nvidia runtime")  # daemon.json absent: written
     assert plan.op("CDI spec") == [
         "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
-        "mkdir -p $(dirname /var/lib/gpubox/cdi-driver-version) && "
-        "echo 570.211.01 > /var/lib/gpubox/cdi-driver-version",
+        "mkdir -p /var/lib/gpubox && "
+        "printf '%s\\n' 570.211.01 > /var/lib/gpubox/cdi-driver-version",
     ]
+
+
+def shell_words(command: str) -> list[str]:
+    """The words and operators of a POSIX shell command (quotes removed, operators apart)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    return list(lexer)
+
+
+def test_toolkit_quotes_every_value_it_puts_in_a_command(plan_of, monkeypatch):
+    version = "570.211.01;touch /tmp/x `id` $(id) && echo 'q' \"d\" | >"
+    spec = "/etc/cdi/my spec;$(id)'.yaml"
+    data = {
+        **REFERENCE,
+        "driver_version": version,
+        "catalog_overrides": {"container_toolkit.cdi_spec": spec},
+    }
+    # The preflight refuses a driver version the repository does not offer; the stage's own
+    # quoting must hold should such a value ever get past it, so the stage runs without it.
+    ubuntu = {"ID": "ubuntu", "VERSION_ID": "24.04"}
+    monkeypatch.setattr(
+        toolkit_stage.preflight, "run", lambda config: target_for(ubuntu, config.catalog)
+    )
+    plan = plan_of(toolkit_stage.container_toolkit, data, fresh_box("ubuntu2404"))
+    generate, stamp = plan.op("CDI spec")
+    assert shell_words(generate) == ["nvidia-ctk", "cdi", "generate", f"--output={spec}"]
+    assert version in shell_words(stamp)  # one word: nothing of it reaches the shell as code
+    assert shell_words(stamp) == [
+        "mkdir", "-p", "/var/lib/gpubox", "&&",
+        "printf", "%s\\n", version, ">", "/var/lib/gpubox/cdi-driver-version",
+    ]  # fmt: skip
 
 
 def test_toolkit_leaves_a_daemon_json_that_has_the_runtime(plan_of):
@@ -165,8 +198,6 @@ def test_dcgm_plan(plan_of):
     )
     (remove,) = legacy.op("legacy DCGM")
     assert remove.endswith(" remove datacenter-gpu-manager")
-    from gpubox.stages import render
-
     dropin = render("nvidia-dcgm.conf.j2", address="127.0.0.1")
     assert "--bind-interface 127.0.0.1" in dropin
     assert not [n for n in plan.names if "exporter" in n]
@@ -178,10 +209,30 @@ def test_dcgm_exporter_never_pulls_at_start(plan_of):
     assert plan.op("Pull nvcr.io/nvidia/k8s/dcgm-exporter") == [
         "docker pull nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04"
     ]
-    from gpubox.stages import render
+    unit = dcgm_stage.exporter_unit(load_host_config("b", data))
+    assert "--pull never" in unit
 
-    unit = render("dcgm-exporter.service.j2", image="IMG", address="127.0.0.1", port=9500)
-    assert "--pull never" in unit and "-p 127.0.0.1:9500:9400 IMG" in unit
+
+def exec_start(unit: str) -> list[str]:
+    (line,) = [x for x in unit.splitlines() if x.startswith("ExecStart=")]
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def test_dcgm_exporter_reads_the_hosts_engine_on_the_hosts_network():
+    data = {**REFERENCE, "dcgm_exporter": True, "dcgm_exporter_port": 9500}
+    config = load_host_config("b", data)
+    argv = exec_start(dcgm_stage.exporter_unit(config))
+    image = config.catalog["dcgm"]["exporter_image"]
+    docker, exporter = argv[: argv.index(image)], argv[argv.index(image) + 1 :]
+    # The engine the dcgm stage binds to loopback: reachable only on the host's network.
+    assert "--bind-interface 127.0.0.1" in render("nvidia-dcgm.conf.j2", address="127.0.0.1")
+    assert "--network" in docker and docker[docker.index("--network") + 1] == "host"
+    assert "-p" not in docker and "--cap-add" not in docker  # no mapping; no embedded engine
+    assert exporter == [
+        "--address", "127.0.0.1:9500", "--remote-hostengine-info", "127.0.0.1:5555",
+    ]  # fmt: skip
+    every = load_host_config("b", {**data, "dcgm_exporter_address": "::"})
+    assert "[::]:9500" in exec_start(dcgm_stage.exporter_unit(every))
 
 
 def test_gpu_burn_is_built_for_volta_with_cuda_12_8(plan_of):

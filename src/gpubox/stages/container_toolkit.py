@@ -9,6 +9,7 @@ Facts: shared/reference/nvidia-stack.md §3."""
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 
 from pyinfra import host
@@ -79,16 +80,18 @@ def container_toolkit() -> None:
     )
     reload_docker(daemon, set(values) | set(if_missing), unless=installed)
 
-    spec = toolkit["cdi_spec"]
+    # Every value interpolated into a shell command is quoted: one word, whatever it holds.
+    spec, version_word = shlex.quote(toolkit["cdi_spec"]), shlex.quote(config.driver_version)
+    stamp_word, stamp_dir = shlex.quote(CDI_STAMP), shlex.quote(posixpath.dirname(CDI_STAMP))
     stamp = host.get_fact(
-        CommandOutput, command=f"cat {CDI_STAMP} {spec} >/dev/null && cat {CDI_STAMP}"
+        CommandOutput, command=f"cat {stamp_word} {spec} >/dev/null && cat {stamp_word}"
     ).strip()
     if stamp != config.driver_version:
         server.shell(
             name=f"CDI spec for driver {config.driver_version}",
             commands=[
-                f"nvidia-ctk cdi generate --output={shlex.quote(spec)}",
-                f"mkdir -p $(dirname {CDI_STAMP}) && echo {config.driver_version} > {CDI_STAMP}",
+                f"nvidia-ctk cdi generate --output={spec}",
+                f"mkdir -p {stamp_dir} && printf '%s\\n' {version_word} > {stamp_word}",
             ],
         )
     managed.put("/dev/char symlinks for NVIDIA devices at every driver load", UDEV_RULE)
