@@ -816,7 +816,10 @@ _LOAD_INVENTORY = """
 import json, sys
 from gpubox import inventory
 keys = sys.argv[2:]
-hosts = inventory.load(sys.argv[1])
+try:
+    hosts = inventory.load(sys.argv[1])
+except inventory.InventoryError as exc:
+    sys.exit(str(exc))
 print(json.dumps([[n, {k: d[k] for k in keys if k in d}] for n, d in hosts]))
 """
 

@@ -4,25 +4,43 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from gpubox import config, inventory
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def _load_hosts(command: str, path: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """The inventory's hosts, or None once a one-line reason is printed (exit status 2)."""
     try:
-        hosts = inventory.load(args.inventory)
-    except Exception as exc:  # a broken inventory file is the user's to see, whole
-        print(f"gpubox check: cannot read {args.inventory}: {exc}", file=sys.stderr)
-        return 2
+        hosts = inventory.load(path)
+    except inventory.InventoryError as exc:
+        print(f"gpubox {command}: cannot read {path}: {exc}", file=sys.stderr)
+        return None
     if not hosts:
-        print(f"gpubox check: {args.inventory} defines no hosts", file=sys.stderr)
-        return 2
+        print(f"gpubox {command}: {path} defines no hosts", file=sys.stderr)
+        return None
+    return hosts
+
+
+def _report(
+    hosts: list[tuple[str, dict[str, Any]]], overrides: dict[str, Any], warnings: bool = True
+) -> int:
+    """Print every host's problems (with ``overrides`` applied); return the error count."""
     errors = 0
     for name, data in hosts:
-        _, problems = config.validate(name, data)
+        _, problems = config.validate(name, {**data, **overrides})
         for problem in problems:
-            print(f"{problem.severity}: {problem}")
+            if problem.severity == "error" or warnings:
+                print(f"{problem.severity}: {problem}")
             errors += problem.severity == "error"
+    return errors
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    hosts = _load_hosts("check", args.inventory)
+    if hosts is None:
+        return 2
+    errors = _report(hosts, {})
     if errors:
         print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
         return 2
@@ -36,6 +54,16 @@ def cmd_burnin(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
+    # The inventory is read and checked here first, so a broken one is one line, not a
+    # pyinfra traceback, and a wrong key (or --seconds) stops before any host is contacted.
+    hosts = _load_hosts("burnin", args.inventory)
+    if hosts is None:
+        return 2
+    overrides = {} if args.seconds is None else {"burnin_seconds": args.seconds}
+    errors = _report(hosts, overrides, warnings=False)
+    if errors:
+        print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
+        return 2
     deploy_file = Path(__file__).resolve().parent / "deploy" / "burnin.py"
     pyinfra = Path(sys.executable).parent / "pyinfra"
     argv = [str(pyinfra), "-y", args.inventory, str(deploy_file)]

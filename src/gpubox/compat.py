@@ -7,6 +7,7 @@ for it. Sources: shared/reference/nvidia-stack.md §1.3 and §1.6.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -133,17 +134,28 @@ def cuda_builds_for(cuda_version: str, gpu: GpuModel) -> bool:
 
 
 def check(
-    gpu_model: str, driver_branch: int, kernel_modules: str, cuda_version: str
+    gpu_model: str,
+    driver_branch: int,
+    kernel_modules: str,
+    cuda_version: str,
+    skip: Collection[str] = (),
 ) -> list[tuple[str, str]]:
-    """Every incompatibility of a GPU/driver/CUDA combination, as (key, message) pairs."""
+    """Every incompatibility of a GPU/driver/CUDA combination, as (key, message) pairs. A rule
+    that reads a key named in ``skip`` (a value already refused) is skipped."""
+
+    def valid(*names: str) -> bool:
+        return not any(name in skip for name in names)
+
     problems: list[tuple[str, str]] = []
+    if not valid("gpu_model"):
+        return _check_cuda(cuda_version, driver_branch, skip)
     gpu = GPU_MODELS.get(gpu_model)
     if gpu is None:
         known = ", ".join(sorted(GPU_MODELS))
         return [("gpu_model", f"unknown GPU model {gpu_model!r}; known models: {known}")]
     arch = ARCHITECTURES[gpu.architecture]
     cc = "{}.{}".format(*gpu.compute_capability)
-    if not branch_supports(gpu.architecture, driver_branch):
+    if valid("driver_branch") and not branch_supports(gpu.architecture, driver_branch):
         problems.append(
             (
                 "driver_branch",
@@ -151,7 +163,7 @@ def check(
                 f"capability {cc}): R{arch.last_driver_branch} is the last branch for {arch.name}",
             )
         )
-    if kernel_modules == "open" and not arch.open_modules:
+    if valid("driver_kernel_modules") and kernel_modules == "open" and not arch.open_modules:
         problems.append(
             (
                 "driver_kernel_modules",
@@ -159,16 +171,11 @@ def check(
                 f"{cc}; they need Turing or newer): use 'proprietary'",
             )
         )
-    rule = CUDA_RULES.get(cuda_version)
-    if rule is None:
-        problems.append(
-            (
-                "cuda_version",
-                f"unknown CUDA version {cuda_version!r}; known: {', '.join(CUDA_RULES)}",
-            )
-        )
-        return problems
-    if not cuda_builds_for(cuda_version, gpu):
+    if (
+        valid("cuda_version")
+        and cuda_version in CUDA_RULES
+        and not cuda_builds_for(cuda_version, gpu)
+    ):
         problems.append(
             (
                 "cuda_version",
@@ -176,15 +183,32 @@ def check(
                 f"CUDA {arch.last_cuda_major}.x is the last toolkit for {arch.name}",
             )
         )
-    if driver_branch < rule.min_driver_branch:
-        problems.append(
+    return problems + _check_cuda(cuda_version, driver_branch, skip)
+
+
+def _check_cuda(
+    cuda_version: str, driver_branch: int, skip: Collection[str]
+) -> list[tuple[str, str]]:
+    """The rules of ``check`` that do not read the GPU model."""
+    if "cuda_version" in skip:
+        return []
+    rule = CUDA_RULES.get(cuda_version)
+    if rule is None:
+        return [
+            (
+                "cuda_version",
+                f"unknown CUDA version {cuda_version!r}; known: {', '.join(CUDA_RULES)}",
+            )
+        ]
+    if "driver_branch" not in skip and driver_branch < rule.min_driver_branch:
+        return [
             (
                 "cuda_version",
                 f"CUDA {cuda_version} needs driver branch {rule.min_driver_branch} or newer; "
                 f"driver_branch is {driver_branch}",
             )
-        )
-    return problems
+        ]
+    return []
 
 
 # Quantisations and dtypes whose kernels need a newer GPU than Volta (compute capability 7.0):
@@ -222,15 +246,21 @@ def check_backend(
     tensor_parallel: int,
     ctx: int,
     model_context: int,
+    skip: Collection[str] = (),
 ) -> list[tuple[str, str]]:
-    """Every incompatibility of a backend/model/GPU combination, as (key, message) pairs."""
+    """Every incompatibility of a backend/model/GPU combination, as (key, message) pairs. A
+    rule that reads a key named in ``skip`` (a value already refused) is skipped."""
+
+    def valid(*names: str) -> bool:
+        return not any(name in skip for name in names)
+
     problems: list[tuple[str, str]] = []
     gpu = GPU_MODELS.get(gpu_model)
-    if gpu is None or backend == "none":
+    if gpu is None or backend == "none" or not valid("gpu_model", "backend"):
         return problems
     cc = "{}.{}".format(*gpu.compute_capability)
     need = QUANT_MIN_CC.get(quantization.lower())
-    if need and gpu.compute_capability < need:
+    if valid("model_quantization") and need and gpu.compute_capability < need:
         instead = (
             "fp16 weights (vLLM --dtype half)"
             if backend == "vllm"
@@ -256,7 +286,7 @@ def check_backend(
                     "backend",
                 )
             )
-        if tensor_parallel > gpu_count:
+        if valid("vllm_tensor_parallel", "gpu_count") and tensor_parallel > gpu_count:
             problems.append(
                 (
                     "vllm_tensor_parallel",
@@ -264,7 +294,7 @@ def check_backend(
                     f"{gpu_count} or fewer",
                 )
             )
-    if ctx > model_context:
+    if valid("model_ctx") and ctx > model_context:
         problems.append(
             (
                 "model_ctx",

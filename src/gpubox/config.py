@@ -27,6 +27,20 @@ class Key:
     derive: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None
     # Turns an accepted value into the one the rest of gpubox sees.
     normalize: Callable[[Any], Any] | None = None
+    # The range a number key accepts, both ends included (None: unbounded on that side).
+    # Every int and float key declares at least one end (tests/unit/test_config_ranges.py).
+    min: int | float | None = None
+    max: int | float | None = None
+
+    def range_text(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"{self.min} to {self.max}"
+        if self.min is not None:
+            return f"at least {self.min}"
+        return f"at most {self.max}"
+
+    def in_range(self, value: int | float) -> bool:
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
 
 
 def _derive_driver_version(values: dict[str, Any], host_catalog: dict[str, Any]) -> str | None:
@@ -41,13 +55,14 @@ def _derive_kernel_modules(values: dict[str, Any], host_catalog: dict[str, Any])
 
 KEYS: tuple[Key, ...] = (
     Key("gpu_model", str, "Tesla V100-SXM2-32GB", "GPU model as nvidia-smi names it"),
-    Key("gpu_count", int, 2, "how many GPUs of gpu_model the box has"),
+    Key("gpu_count", int, 2, "how many GPUs of gpu_model the box has", min=1),
     Key("nvlink", bool, True, "the GPUs are joined by NVLink (verified: links up, topo NV#)"),
     Key(
         "nvlink_links",
         int,
         None,
         "active NVLink links expected on each GPU (default: at least one)",
+        min=1,  # unset means "at least one"; a GPU without links is nvlink: false
     ),
     Key("driver_branch", (str, int), "570", "NVIDIA driver branch to pin", normalize=str),
     Key(
@@ -78,13 +93,20 @@ KEYS: tuple[Key, ...] = (
         True,
         "reboot when the installed driver differs from the loaded one (else stop and say so)",
     ),
-    Key("reboot_timeout", int, 900, "seconds to wait for the box to come back after a reboot"),
+    Key(
+        "reboot_timeout",
+        int,
+        900,
+        "seconds to wait for the box to come back after a reboot",
+        min=1,
+    ),
     Key(
         "apt_lock_timeout",
         int,
         900,
         "seconds a deploy waits for dpkg's locks (a fresh box's unattended-upgrades) before "
         "it stops, nothing changed",
+        min=1,
     ),
     Key("persistence_mode", bool, True, "run nvidia-persistenced with persistence mode on"),
     # Stage docker
@@ -119,16 +141,17 @@ KEYS: tuple[Key, ...] = (
     # Stage dcgm
     Key("dcgm_exporter", bool, False, "run dcgm-exporter (a container) for Prometheus"),
     Key("dcgm_exporter_address", str, "127.0.0.1", "address dcgm-exporter listens on"),
-    Key("dcgm_exporter_port", int, 9400, "port dcgm-exporter listens on"),
+    Key("dcgm_exporter_port", int, 9400, "port dcgm-exporter listens on", min=1, max=65535),
     # Stage tools
     Key(
         "gpu_burn_compute",
         int,
         None,
         "COMPUTE for gpu-burn's build (default: the GPUs' compute capability, 70 on V100)",
+        min=50,  # compute capability x 10; CUDA 12's oldest target is sm_50 (5 would mean 5.0)
     ),
     # Stage burnin
-    Key("burnin_seconds", int, 60, "gpu-burn run time per burn-in"),
+    Key("burnin_seconds", int, 60, "gpu-burn run time per burn-in", min=1),
     Key("burnin_doubles", bool, True, "burn with doubles (gpu-burn -d)"),
     Key("burnin_tensor_cores", bool, False, "try tensor cores (gpu-burn -tc)"),
     Key(
@@ -137,9 +160,17 @@ KEYS: tuple[Key, ...] = (
         2,
         "dcgmi diag -r level after gpu-burn (1-4)",
         choices=(1, 2, 3, 4),
+        min=1,
+        max=4,
     ),
     Key("burnin_required", bool, False, "host checks require a passing, recent burn-in"),
-    Key("burnin_max_age_days", int, 30, "how old a burn-in record the host checks accept"),
+    Key(
+        "burnin_max_age_days",
+        int,
+        30,
+        "how old a burn-in record the host checks accept",
+        min=1,
+    ),
     # Stage model and backend
     Key(
         "backend",
@@ -166,12 +197,20 @@ KEYS: tuple[Key, ...] = (
         None,
         "the weights' quantisation or dtype (default: the catalog's), checked against the GPUs",
     ),
-    Key("model_ctx", int, 32768, "context length the server allocates"),
-    Key("model_parallel", int, 4, "parallel request slots (llama.cpp -np, vLLM max seqs)"),
+    # llama.cpp reads -c 0 as "the model's whole context"; gpubox sizes memory from model_ctx,
+    # so it must be the real number.
+    Key("model_ctx", int, 32768, "context length the server allocates", min=1),
+    Key(
+        "model_parallel",
+        int,
+        4,
+        "parallel request slots (llama.cpp -np, vLLM max seqs)",
+        min=1,
+    ),
     Key("model_alias", str, "qwen3-next", "the model id the API serves"),
     Key("hf_endpoint", str, None, "Hugging Face mirror, e.g. hf-mirror.com for users in China"),
     Key("api_host", str, "127.0.0.1", "address the API listens on"),
-    Key("api_port", int, 8080, "port the API listens on"),
+    Key("api_port", int, 8080, "port the API listens on", min=1, max=65535),
     Key(
         "api_key_file",
         str,
@@ -182,9 +221,28 @@ KEYS: tuple[Key, ...] = (
     Key("llamacpp_ccache", bool, False, "build llama.cpp through ccache (fast rebuilds)"),
     Key("llamacpp_extra_args", list, [], "more llama-server arguments, checked against --help"),
     Key("vllm_enforce_eager", bool, False, "vLLM without CUDA graphs (slow decode)"),
-    Key("vllm_gpu_memory_utilization", float, 0.92, "vLLM --gpu-memory-utilization"),
-    Key("vllm_tensor_parallel", int, None, "vLLM --tensor-parallel-size (default: gpu_count)"),
-    Key("health_timeout", int, 1800, "seconds to wait for the API to answer after a start"),
+    Key(
+        "vllm_gpu_memory_utilization",
+        float,
+        0.92,
+        "vLLM --gpu-memory-utilization",
+        min=0.01,  # vLLM wants more than 0 and at most 1
+        max=1.0,
+    ),
+    Key(
+        "vllm_tensor_parallel",
+        int,
+        None,
+        "vLLM --tensor-parallel-size (default: gpu_count)",
+        min=1,
+    ),
+    Key(
+        "health_timeout",
+        int,
+        1800,
+        "seconds to wait for the API to answer after a start",
+        min=1,
+    ),
     Key(
         "catalog_overrides",
         dict,
@@ -326,6 +384,9 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
     problems: list[Problem] = []
     pyinfra_keys = _pyinfra_keys()
     values: dict[str, Any] = {}
+    # Keys whose value was refused: they take their default below, and every rule that reads
+    # one is skipped, so one wrong key is one problem, not a cascade built on a stand-in value.
+    invalid: set[str] = set()
 
     for name, value in data.items():
         if name in pyinfra_keys or name.startswith("_"):
@@ -346,10 +407,16 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
                     f"must be {_type_name(key.type)}, got {type(value).__name__} {value!r}",
                 )
             )
+            invalid.add(name)
             continue
         if key.choices and value not in key.choices:
             choices = ", ".join(repr(c) for c in key.choices)
             problems.append(Problem(host, name, f"must be one of {choices}, got {value!r}"))
+            invalid.add(name)
+            continue
+        if isinstance(value, int | float) and not key.in_range(value):
+            problems.append(Problem(host, name, f"must be {key.range_text()}, got {value!r}"))
+            invalid.add(name)
             continue
         values[name] = key.normalize(value) if key.normalize else value
 
@@ -357,14 +424,19 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
         if key.name not in values and key.derive is None:
             values[key.name] = copy.deepcopy(key.default)
 
-    # The catalog, with this host's overrides.
-    try:
-        host_catalog = catalog.load(values["catalog_overrides"])
-    except catalog.CatalogError as exc:
-        near = difflib.get_close_matches(exc.path, catalog.leaf_paths(), n=1, cutoff=0.6)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        problems.append(Problem(host, "catalog_overrides", f"{exc}{hint}"))
-        host_catalog = catalog.load()
+    # The catalog, with this host's overrides (each refused one is reported and left out).
+    host_catalog = catalog.load()
+    for path, value in values["catalog_overrides"].items():
+        message = _override_problem(host_catalog, path, value)
+        if message:
+            problems.append(Problem(host, "catalog_overrides", message))
+            invalid.update(("catalog_overrides", f"catalog_overrides:{path}"))
+        else:
+            catalog.set_path(host_catalog, path, value)
+
+    def valid(*names: str) -> bool:
+        """Whether every key a rule reads holds the host's own, accepted value."""
+        return invalid.isdisjoint(names)
 
     for key in KEYS:
         if key.name not in values and key.derive is not None:
@@ -372,18 +444,20 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
 
     branches = host_catalog["driver"]["branches"]
     if values["driver_branch"] not in branches:
-        problems.append(
-            Problem(
-                host,
-                "driver_branch",
-                f"no catalog entry for branch {values['driver_branch']!r}; "
-                f"known: {', '.join(branches)}",
+        if valid("driver_branch"):
+            problems.append(
+                Problem(
+                    host,
+                    "driver_branch",
+                    f"no catalog entry for branch {values['driver_branch']!r}; "
+                    f"known: {', '.join(branches)}",
+                )
             )
-        )
     elif values["driver_version"] is None:
         values["driver_version"] = branches[values["driver_branch"]]["version"]
     if (
-        values["driver_branch"] in branches
+        valid("driver_branch", "driver_version")
+        and values["driver_branch"] in branches
         and values["driver_version"]
         and not str(values["driver_version"]).startswith(values["driver_branch"] + ".")
     ):
@@ -395,7 +469,7 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
                 f"{values['driver_branch']}",
             )
         )
-    if values["cuda_version"] not in host_catalog["cuda"]["versions"]:
+    if valid("cuda_version") and values["cuda_version"] not in host_catalog["cuda"]["versions"]:
         problems.append(
             Problem(
                 host,
@@ -404,11 +478,6 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
                 f"known: {', '.join(host_catalog['cuda']['versions'])}",
             )
         )
-    if values["gpu_count"] < 1 and "gpu_count" not in {p.key for p in problems}:
-        problems.append(
-            Problem(host, "gpu_count", f"must be at least 1, got {values['gpu_count']}")
-        )
-
     try:
         branch = int(values["driver_branch"])
     except ValueError:
@@ -421,26 +490,60 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
         )
     else:
         for name, message in compat.check(
-            values["gpu_model"], branch, values["driver_kernel_modules"], values["cuda_version"]
+            values["gpu_model"],
+            branch,
+            values["driver_kernel_modules"],
+            values["cuda_version"],
+            skip=invalid,
         ):
             if not any(p.key == name and p.message == message for p in problems):
                 problems.append(Problem(host, name, message))
 
-    problems += _backend_problems(host, values, host_catalog)
+    problems += _backend_problems(host, values, host_catalog, invalid)
 
     errors = [p for p in problems if p.severity == "error"]
     config = None if errors else HostConfig(host, values, host_catalog)
     return config, problems
 
 
+def _override_problem(host_catalog: dict[str, Any], path: Any, value: Any) -> str | None:
+    """Why one catalog_overrides entry is refused, or None. A number in the catalog (a model's
+    context, weights_gib, sampling) stays a number of the same kind, and is never negative."""
+    if not isinstance(path, str):
+        return f"keys are dotted catalog paths, got {type(path).__name__} {path!r}"
+    try:
+        current = catalog.get_path(host_catalog, path)
+    except catalog.CatalogError as exc:
+        near = difflib.get_close_matches(exc.path, catalog.leaf_paths(), n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        return f"{exc}{hint}"
+    if isinstance(current, dict):
+        return str(catalog.CatalogError(path, "is a section, not a value"))
+    if isinstance(current, int | float) and not isinstance(current, bool):
+        whole = isinstance(current, int)
+        if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+            kind = "int" if whole else "int or float"
+            return f"{path!r} must be {kind}, got {type(value).__name__} {value!r}"
+        if value < 0:
+            return f"{path!r} must be at least 0, got {value!r}"
+    return None
+
+
 def _backend_problems(
-    host: str, values: dict[str, Any], host_catalog: dict[str, Any]
+    host: str, values: dict[str, Any], host_catalog: dict[str, Any], invalid: set[str]
 ) -> list[Problem]:
-    """The model and backend rules (compat.check_backend) and whether the model fits."""
-    if values["backend"] == "none":
+    """The model and backend rules (compat.check_backend) and whether the model fits. A rule
+    that reads a refused key (``invalid``) is skipped."""
+
+    def valid(*names: str) -> bool:
+        return invalid.isdisjoint(names)
+
+    if values["backend"] == "none" or not valid("backend"):
         return []
     models = host_catalog["models"]
     model = models.get(values["model"])
+    if not valid("model"):
+        return []
     if model is None:
         return [
             Problem(
@@ -449,8 +552,17 @@ def _backend_problems(
                 f"unknown model {values['model']!r}; known: {', '.join(sorted(models))}",
             )
         ]
+    # A refused override of this model's entry (context, weights_gib, ...): the rules that read
+    # the entry's numbers would judge the catalog's instead of the host's.
+    entry = f"catalog_overrides:models.{values['model']}."
+    if any(name.startswith(entry) for name in invalid):
+        invalid = invalid | {"model_ctx"}
     problems: list[Problem] = []
-    if values["model_source"] == "url" and not values["model_url"]:
+    if (
+        valid("model_source", "model_url")
+        and values["model_source"] == "url"
+        and not values["model_url"]
+    ):
         problems.append(Problem(host, "model_url", "model_source is 'url' but model_url is unset"))
     quantization = values["model_quantization"] or (
         "fp16" if values["backend"] == "vllm" else model["quantization"]
@@ -465,6 +577,7 @@ def _backend_problems(
         tensor_parallel,
         values["model_ctx"],
         model["context"],
+        skip=invalid,
     ):
         problems.append(Problem(host, key, message))
     llama = host_catalog["llamacpp"]
@@ -479,7 +592,12 @@ def _backend_problems(
             )
         )
     gpu = compat.GPU_MODELS.get(values["gpu_model"])
-    if gpu and values["backend"] == "llamacpp" and values["llamacpp_cuda"]:
+    if (
+        gpu
+        and valid("gpu_model", "gpu_count", "model_ctx", "llamacpp_cuda")
+        and values["backend"] == "llamacpp"
+        and values["llamacpp_cuda"]
+    ):
         need_mib = (
             model["weights_gib"] * 1024 + model["kv_mib_per_1k_ctx"] * values["model_ctx"] / 1024
         )

@@ -8,18 +8,64 @@ from pathlib import Path
 from typing import Any
 
 
+class InventoryError(Exception):
+    """An inventory file that cannot be read. The message is one line saying what went wrong
+    (the exception the file raised, and its line); callers name the file:
+    ``cannot read {exc.path}: {exc}``."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(message)
+
+
 def load(path: str) -> list[tuple[str, dict[str, Any]]]:
-    """(host name, merged host data) for every host of a pyinfra inventory file."""
+    """(host name, merged host data) for every host of a pyinfra inventory file. Raises
+    InventoryError (a one-line message) when the file is missing or raises when run."""
     from pyinfra.api import Config, Inventory, State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
     if not Path(path).is_file():
-        raise FileNotFoundError(f"no inventory file {path}")
+        raise InventoryError(path, "no such file")
     # pyinfra executes inventory files inside a state context; this state connects nothing.
-    with ctx_state.use(State(Inventory(([], {})), Config())):
-        inventory = make_inventory(path, cwd=os.getcwd())
-    return [(host.name, host.data.dict()) for host in inventory]
+    try:
+        with ctx_state.use(State(Inventory(([], {})), Config())):
+            inventory = make_inventory(path, cwd=os.getcwd())
+        return [(host.name, host.data.dict()) for host in inventory]
+    except (Exception, SystemExit) as exc:
+        raise InventoryError(path, _describe(exc, path)) from None
+
+
+def _describe(exc: BaseException, path: str) -> str:
+    """'RuntimeError: boom (line 3)' for an exception an inventory file raised. pyinfra wraps
+    the file's own exception in a click exception whose str() fails: unwrap it first."""
+    inner = getattr(exc, "exception", None)
+    if isinstance(inner, BaseException):
+        exc = inner
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    text = " ".join(text.split())  # one line
+    where = ""
+    if not isinstance(exc, SyntaxError):  # its text already says where
+        lineno = _line_in(exc, path)
+        if lineno is not None:
+            where = f" (line {lineno})"
+    name = type(exc).__name__
+    return f"{name}: {text}{where}" if text else f"{name}{where}"
+
+
+def _line_in(exc: BaseException, path: str) -> int | None:
+    """The line of ``path`` the exception was raised from (its deepest frame in the file)."""
+    tb = getattr(exc, "_traceback", None) or exc.__traceback__  # pyinfra keeps it there
+    target = os.path.realpath(path)
+    lineno = None
+    while tb is not None:
+        if os.path.realpath(tb.tb_frame.f_code.co_filename) == target:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    return lineno
 
 
 def ssh_config_entry(name: str, data: dict[str, Any]) -> str:

@@ -195,7 +195,11 @@ def _connect(args: argparse.Namespace, tmp: str) -> tuple[str, Any]:
 
     if args.inventory is None:
         return args.host, testinfra.get_host(f"paramiko://{args.host}")
-    hosts = inventory.load(args.inventory)
+    try:
+        hosts = inventory.load(args.inventory)
+    except inventory.InventoryError as exc:
+        print(f"gpubox nvlink: cannot read {args.inventory}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.host is not None:
         hosts = [(n, d) for n, d in hosts if n == args.host]
         if not hosts:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpubox.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,5 +36,95 @@ def test_every_problem_of_every_host_is_listed(tmp_path, capsys):
 
 
 def test_missing_inventory_file(tmp_path, capsys):
-    assert main(["check", str(tmp_path / "nope.py")]) == 2
-    assert "no inventory file" in capsys.readouterr().err
+    path = tmp_path / "nope.py"
+    assert main(["check", str(path)]) == 2
+    assert capsys.readouterr().err == f"gpubox check: cannot read {path}: no such file\n"
+
+
+def test_out_of_range_numbers_fail_the_check(tmp_path, capsys):
+    inventory = tmp_path / "ranges.py"
+    inventory.write_text(
+        "hosts = [('a', {'ssh_hostname': '192.0.2.1', 'api_port': 70000,\n"
+        "                'model_parallel': 0, 'reboot_timeout': 0, 'gpu_count': 0})]\n"
+    )
+    assert main(["check", str(inventory)]) == 2
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("error: ")] == [
+        "error: a: api_port: must be 1 to 65535, got 70000",
+        "error: a: model_parallel: must be at least 1, got 0",
+        "error: a: reboot_timeout: must be at least 1, got 0",
+        "error: a: gpu_count: must be at least 1, got 0",
+    ]
+
+
+BROKEN_INVENTORIES = [
+    ("hosts = ['a']\nraise RuntimeError('boom')\n", "RuntimeError: boom (line 2)"),
+    ("hosts = [undefined_name]\n", "NameError: name 'undefined_name' is not defined (line 1)"),
+    ("hosts = [\n", "SyntaxError: '[' was never closed ("),
+    ("import sys\nsys.exit(3)\n", "SystemExit: 3 (line 2)"),
+]
+
+
+def _broken_inventory(tmp_path, body):
+    path = tmp_path / "broken.py"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.parametrize(("body", "expected"), BROKEN_INVENTORIES)
+@pytest.mark.parametrize("command", ["check", "burnin", "doctor"])
+def test_an_inventory_that_raises_is_one_line(
+    tmp_path, capsys, monkeypatch, command, body, expected
+):
+    """Names the file and the exception; exit 2; no traceback (pyinfra's wrapper of the
+    file's exception cannot even be printed: str() of it raised AttributeError)."""
+    monkeypatch.setattr("os.execv", _no_exec)
+    path = _broken_inventory(tmp_path, body)
+    assert main([command, str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"gpubox {command}: cannot read {path}: {expected}")
+
+
+def test_bench_names_the_inventory_and_its_exception(tmp_path, capsys):
+    path = _broken_inventory(tmp_path, BROKEN_INVENTORIES[0][0])
+    assert main(["bench", "--inventory", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"gpubox bench: cannot read {path}: ")
+    assert line.endswith("RuntimeError: boom (line 2)")
+
+
+def _no_exec(*argv):
+    raise AssertionError(f"pyinfra was started: {argv}")
+
+
+def test_burnin_checks_the_inventory_and_seconds_before_pyinfra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("os.execv", _no_exec)
+    inventory = tmp_path / "inv.py"
+    inventory.write_text("hosts = [('a', {'ssh_hostname': '192.0.2.1', 'burnin_dcgm_level': 5})]\n")
+    assert main(["burnin", str(inventory)]) == 2
+    assert (
+        "error: a: burnin_dcgm_level: must be one of 1, 2, 3, 4, got 5" in capsys.readouterr().out
+    )
+    inventory = tmp_path / "good.py"  # (pyinfra caches a file's code by its name)
+    inventory.write_text("hosts = [('a', {'ssh_hostname': '192.0.2.1'})]\n")
+    assert main(["burnin", str(inventory), "--seconds", "0"]) == 2
+    assert capsys.readouterr().out == "error: a: burnin_seconds: must be at least 1, got 0\n"
+
+
+def test_burnin_runs_pyinfra_on_a_valid_inventory(capsys, monkeypatch):
+    started = []
+
+    def execv(path, argv):
+        started.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execv", execv)
+    inventory = str(ROOT / "inventories/example.py")
+    with pytest.raises(SystemExit):
+        main(["burnin", inventory, "--seconds", "5"])
+    (argv,) = started
+    assert argv[1:5] == ["-y", "--data", "burnin_seconds=5", inventory]
+    assert argv[5].endswith("deploy/burnin.py")
+    assert capsys.readouterr().out == ""  # warnings are check's to print, not burnin's
