@@ -9,7 +9,7 @@ HOST_PACKAGES := debootstrap systemd-container dpkg-dev apt-utils gnupg openssh-
 	iproute2 socat curl gcc
 SRC := src tests deploy inventories benchmarks
 
-.PHONY: all venv host-packages lint unit ops integration test demo demo-down bench clean
+.PHONY: all venv host-packages lint unit ops resolver integration test demo demo-down bench clean
 
 all: test
 
@@ -34,16 +34,21 @@ lint: venv
 	$(BIN)/ruff format --check $(SRC)
 	$(BIN)/mypy src
 
-unit: venv
+unit: venv host-packages
 	$(BIN)/pytest -q tests/unit
 
 ops: venv
 	$(BIN)/pytest -q tests/ops
 
+# apt's real resolver against the driver pin, in private apt roots (needs apt and apt-utils
+# only: no box, no network, seconds).
+resolver: venv host-packages
+	$(BIN)/pytest -q tests/resolver
+
 integration: venv host-packages
 	$(BIN)/pytest -q -m integration tests/integration
 
-test: lint unit ops integration
+test: lint unit ops resolver integration
 
 demo: venv host-packages
 	$(PY) -m gpubox.demo

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpubox import bench, parsers
+from gpubox import bench, kernels, parsers
 from gpubox.config import ConfigError, HostConfig, load_host_config, target_for
 
 QUERY_FIELDS = [
@@ -109,6 +109,7 @@ def commands(config: HostConfig, family: str | None) -> dict[str, str]:
         "topo": "nvidia-smi topo -m",
         "lspci": "lspci -Dnn -d 10de:",
         "module_version": "cat /sys/module/nvidia/version",
+        "kernels": kernels.KERNEL_STATE_COMMAND,
         "dpkg": DPKG_QUERY,
         "holds": "apt-mark showhold",
         "nvcc": "bash -lc 'command -v nvcc && nvcc --version'",
@@ -349,6 +350,14 @@ def _describe_driver(
     module = facts.get("module_version")
     if module is not None and module.rc == 0 and module.stdout.strip():
         view["loaded"] = module.stdout.split()[0]
+    out = facts.get("kernels")
+    if out is not None and out.rc == 0:
+        state = kernels.parse_kernel_state(out.stdout.splitlines())
+        view["kernels"] = {
+            "kernels": state.kernels,
+            "dkms": state.dkms is not None,
+            "lacking": kernels.kernels_lacking_module(state, config.driver_version),
+        }
     if family is None:
         view["errors"].append("unknown OS family: driver packages not read")
         return view
@@ -700,6 +709,14 @@ def _evaluate_driver(config: HostConfig, view: dict[str, Any], add: Add, deploy:
             f"loaded driver {', '.join(sorted(loaded))}, configured {config.driver_version}",
             f"sudo reboot (or {fix} with allow_reboot true)",
         )
+    kern = drv.get("kernels")
+    if kern and kern["lacking"]:
+        add(
+            "driver",
+            f"no NVIDIA {config.driver_version} module (dkms status) for kernel(s) "
+            f"{', '.join(kern['lacking'])}: booting one of them gives no driver",
+            f"{fix} (runs dkms autoinstall -k KERNEL, or installs that kernel's headers)",
+        )
     packages = drv["packages"]
     if packages is None:
         return
@@ -952,6 +969,14 @@ def render_text(host: str, view: dict[str, Any], findings: list[Finding]) -> str
             f"apt candidate {', '.join(cands) if drv['policy_known'] else '?'}, "
             f"held {held}/{len(packages) if drv['holds_known'] else '?'}; "
             f"nvidia-persistenced {_state(view['persistenced'])}"
+        )
+    kern = drv.get("kernels")
+    if kern:
+        built = [k for k in kern["kernels"] if k not in kern["lacking"]]
+        w(
+            f"Kernels   module built for {', '.join(built) or 'none'}"
+            + (f"; MISSING for {', '.join(kern['lacking'])}" if kern["lacking"] else "")
+            + ("" if kern["dkms"] else " (dkms not installed)")
         )
 
     cuda = view["cuda"]

@@ -248,3 +248,93 @@ class DockerEngine(FactBase[dict[str, Any]]):
             "active": values.get("active") == "active",
             "package": values.get("package") or None,
         }
+
+
+# Repair (issue 8 item H): what the host checks rely on is checked cheaply at every deploy, so a
+# deleted or truncated file is put back by the next deploy, not only reported by the checks.
+
+
+class MissingPackageFiles(FactBase[list[tuple[str, str, str]]]):
+    """(package, installed version, path) for each file an installed package ships that is
+    not on disk: every file of ``packages`` (`dpkg-query -L`) and each of ``paths`` (its owner
+    from `dpkg-query -S`, through symlinked directories too). Existence only, nothing is read:
+    a converged host costs one quick command. Packages that are not installed, and paths that
+    no installed package owns, are left out: installing them is the stage's business. Files
+    dpkg was told not to unpack (`path-exclude` in ``dpkg_config``/dpkg.cfg.d, as minimized
+    Ubuntu images have for /usr/share/doc) are not missing."""
+
+    def command(
+        self,
+        packages: tuple[str, ...] = (),
+        paths: tuple[str, ...] = (),
+        dpkg_config: str = "/etc/dpkg",
+    ) -> str:
+        q = shlex.quote
+        c = q(dpkg_config)
+        return (
+            # the version of an installed (ii) or held (hi) package, else nothing
+            "ver() { dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' \"$1\" 2>/dev/null "
+            "| awk '$1 ~ /^[ih]i$/ {print $2; exit}'; }; "
+            "own() { dpkg-query -S \"$1\" 2>/dev/null | grep -v '^diversion ' "
+            "| sed -n 's/: \\/.*//p' | head -n 1 | cut -d, -f1 | tr -d ' '; }; "
+            # dpkg's path-exclude/path-include filters, in order, the last match winning
+            f"rules=$(cat {c}/dpkg.cfg {c}/dpkg.cfg.d/* 2>/dev/null | sed -n -E "
+            "'s/^[[:space:]]*path-(exclude|include)[[:space:]=]+([^[:space:]]+).*/\\1 \\2/p'); "
+            'excluded() { [ -n "$rules" ] && printf \'%s\\n\' "$rules" | { s=1; '
+            'while read -r k g; do case "$1" in $g) if [ "$k" = exclude ]; then s=0; '
+            "else s=1; fi;; esac; done; exit $s; }; }; "
+            f"for pkg in {' '.join(q(p) for p in packages)}; do "
+            'v=$(ver "$pkg"); [ -n "$v" ] || continue; '
+            'dpkg-query -L "$pkg" 2>/dev/null | while IFS= read -r f; do case "$f" in /*) '
+            '[ -e "$f" ] || [ -L "$f" ] || excluded "$f" || '
+            'printf \'%s\\t%s\\t%s\\n\' "$pkg" "$v" "$f";; '
+            "esac; done; done; "
+            f"for f in {' '.join(q(p) for p in paths)}; do "
+            '[ -e "$f" ] || [ -L "$f" ] && continue; '
+            'pkg=$(own "$f"); [ -n "$pkg" ] || pkg=$(own "$(readlink -f "$f")"); '
+            '[ -n "$pkg" ] || continue; v=$(ver "$pkg"); [ -n "$v" ] || continue; '
+            'printf \'%s\\t%s\\t%s\\n\' "$pkg" "$v" "$f"; done; true'
+        )
+
+    @staticmethod
+    def default() -> list[tuple[str, str, str]]:
+        return []
+
+    def process(self, output: list[str]) -> list[tuple[str, str, str]]:
+        found: list[tuple[str, str, str]] = []
+        for line in output:
+            parts = line.split("\t", 2)
+            if len(parts) == 3 and all(parts):
+                found.append((parts[0], parts[1], parts[2]))
+        return found
+
+
+def manifest_command(directory: str, manifest: str, paths: str) -> str:
+    """Shell that records, in ``directory``/``manifest``, the size of each of ``paths`` (shell
+    words relative to ``directory``, globs allowed): a build's outputs, written after a
+    complete build. Fails (exit status) when one of them is missing."""
+    d = shlex.quote(directory)
+    m = shlex.quote(f"{directory}/{manifest}")
+    return f"(cd {d} && stat -c '%s %n' -- {paths}) > {m}.new && mv {m}.new {m}"
+
+
+class ManifestProblems(FactBase[list[str]]):
+    """What differs from a manifest `manifest_command` wrote: each file it lists that is
+    missing or of another size, or the manifest itself when it is absent or empty; [] when
+    every file it lists is there at its recorded size."""
+
+    def command(self, manifest: str) -> str:
+        m = shlex.quote(manifest)
+        return (
+            f'if [ ! -s {m} ]; then echo {m}; else cd "$(dirname {m})" && '
+            "while read -r size path; do "
+            '[ "$(stat -c %s -- "$path" 2>/dev/null)" = "$size" ] || echo "$path"; '
+            f"done < {m}; fi; true"
+        )
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip()]

@@ -179,3 +179,39 @@ def json_file_merge(
 
     content = json.dumps(merged, indent=4, sort_keys=False) + "\n"
     yield from files.put._inner(src=io.StringIO(content), dest=path, mode="0644")
+
+
+@operation()
+def reinstall(packages: list[str] | None = None, paths: list[str] | None = None):
+    """Reinstall, at its installed version (the pinned one on a converged host), each
+    installed package of ``packages``, or owning one of ``paths``, that misses a file it ships
+    (say nvcc was deleted): apt still counts such a package installed, so a plain install
+    would not bring the file back. Existence only (gpubox.facts.MissingPackageFiles); a noop
+    when every file is there. A deleted conffile comes back too (--force-confmiss); a changed
+    one is kept."""
+    from pyinfra import state
+
+    from gpubox.facts import MissingPackageFiles
+
+    missing = host.get_fact(
+        MissingPackageFiles, packages=tuple(packages or ()), paths=tuple(paths or ())
+    )
+    if not missing:
+        host.noop("every file of the packages is there")
+        return
+    pins: dict[str, str] = {}
+    for package, version, _ in missing:
+        pins.setdefault(package, version)
+    shown = ", ".join(path for _, _, path in missing[:5])
+    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    if state.is_executing:
+        logger.warning(
+            f"{host.name}: missing {shown}{more}: reinstalling "
+            + ", ".join(f"{name} {version}" for name, version in pins.items())
+        )
+    yield StringCommand(
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall "
+        "--no-install-recommends -o Dpkg::Options::=--force-confdef "
+        "-o Dpkg::Options::=--force-confold -o Dpkg::Options::=--force-confmiss "
+        + " ".join(shlex.quote(f"{name}={version}") for name, version in pins.items())
+    )

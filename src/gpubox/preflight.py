@@ -121,6 +121,9 @@ def run(config: HostConfig) -> Target:
     passed = _passed.setdefault(host.state, {})
     if host.name in passed:
         return passed[host.name]
+    from gpubox import dpkg_ready  # first: wait for dpkg's locks, recover an interrupted dpkg
+
+    dpkg_ready.prepare(config)
     os_release = host.get_fact(OsRelease)
     problems = evaluate(
         config,
@@ -138,5 +141,38 @@ def run(config: HostConfig) -> Target:
         raise DeployRefused(f"preflight failed, nothing was changed:\n{lines}")
     target = target_for(os_release, config.catalog)
     assert target is not None
+    repository_problems(config, target)
     passed[host.name] = target
     return target
+
+
+def repository_problems(config: HostConfig, target: Target) -> None:
+    """Ask the repositories what they offer (gpubox.offers); refuse, nothing changed, when a
+    pinned version or a driver package is not there."""
+    from pyinfra import host, logger
+
+    from gpubox import driver_plan, offers
+    from gpubox.facts import DockerEngine
+    from gpubox.stages import DeployRefused
+
+    sets, indexes = offers.ask(config, target, host.get_fact(DockerEngine))
+    for repo, index in indexes.items():
+        for warning in index.warnings:
+            logger.warning(f"preflight warning: {config.host}: repos.{repo}: {warning}")
+    problems = offers.missing(config, sets, indexes)
+    cuda_repo = indexes["nvidia_cuda"]
+    if cuda_repo.error is None:
+        try:
+            driver_plan.plan(config, target, cuda_repo.offers)
+        except driver_plan.DriverUnavailable as exc:
+            problems.append(Problem(config.host, "driver_version", str(exc)))
+    elif not any(p.key == "repos.nvidia_cuda" for p in problems):
+        problems.append(
+            Problem(config.host, "repos.nvidia_cuda", f"cannot read it: {cuda_repo.error}")
+        )
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise DeployRefused(
+            "preflight failed, nothing was changed: the repositories do not offer what the "
+            f"catalog pins:\n{lines}"
+        )

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gpubox import parsers
+from gpubox import kernels, parsers
 
 QUERY = "index,name,uuid,pci.bus_id,driver_version,persistence_mode"
 
@@ -92,6 +92,20 @@ def test_unattended_upgrades_blacklist_covers_the_driver(box):
         if not any(re.match(p, name) for p in patterns)
     ]
     assert not uncovered, f"{box.name}: unattended-upgrades may upgrade {uncovered}"
+
+
+@pytest.mark.quick
+def test_nvidia_module_is_built_for_every_bootable_kernel(box):
+    """After a kernel update the box boots a kernel DKMS may not have built the module for
+    (its headers were missing): every kernel in /boot, and the running one, has it."""
+    state = kernels.parse_kernel_state(box.out(kernels.KERNEL_STATE_COMMAND).splitlines())
+    assert state.dkms is not None, f"{box.name}: dkms is not installed: no kernel gets the module"
+    lacking = kernels.kernels_lacking_module(state, box.config.driver_version)
+    assert not lacking, (
+        f"{box.name}: no NVIDIA {box.config.driver_version} module (dkms status) for kernel(s) "
+        f"{', '.join(lacking)}: re-run the deploy (dkms autoinstall -k KERNEL, or that kernel's "
+        "headers)"
+    )
 
 
 @pytest.mark.quick

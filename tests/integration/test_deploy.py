@@ -12,6 +12,7 @@ from conftest import box_sh, plant
 from gpubox import demo
 from gpubox.config import load_host_config
 from gpubox.sandbox.standin import state as standin_state
+from gpubox.stages.driver import PIN_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
 
@@ -58,11 +59,14 @@ def test_drift_to_580_and_persistence_off_is_detected_then_repaired():
     packages = load_host_config("b", {}).driver_packages("debian").installed
     assert set(packages) <= set(box_sh("apt-mark showhold").split())
     box_sh("apt-mark unhold " + " ".join(packages))
-    # Force the 580 stand-ins in, as a careless `apt install` of a newer driver would.
+    # Force the 580 stand-ins in, as a careless admin would: the pin moved away, then an
+    # `apt install` of the newer driver (its exactly versioned dependencies follow).
+    box_sh(f"mv {PIN_FILE} /root/pin.bak")
     box_sh(
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
         + " ".join(f"{p}=580.105.08-1" for p in packages)
     )
+    assert box_sh("dpkg-query -W -f='${Version}' nvidia-smi") == "580.105.08-1"
     box_sh("systemctl stop nvidia-persistenced")
     checks = demo.checks()
     failed = failed_checks(checks)
@@ -80,6 +84,30 @@ def test_drift_to_580_and_persistence_off_is_detected_then_repaired():
     assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
     checks = demo.checks()
     assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+
+
+def test_a_kernel_update_without_the_module_is_caught_then_built_by_the_next_deploy():
+    """A kernel update whose DKMS build did not run (its hooks never ran, say the headers came
+    later): the check names the kernel; the next deploy builds the module for it. A kernel whose
+    headers' hook runs (what the headers meta package brings) gets the module by itself."""
+    from gpubox.sandbox import kernel
+
+    with_hooks = kernel.plant_kernel("6.18.99-gpubox-hooked", headers=True)
+    assert all(h["returncode"] == 0 for h in with_hooks["hooks"]), with_hooks["hooks"]
+    assert "6.18.99-gpubox-hooked, x86_64: installed" in box_sh("dkms status")
+    kernel.plant_kernel("6.18.98-gpubox-update", headers=True, run_hooks=False)
+    failed = failed_checks(demo.checks(extra=("-m", "quick")))
+    message = failed["test_nvidia_module_is_built_for_every_bootable_kernel"]
+    assert "for kernel(s) 6.18.98-gpubox-update:" in message
+    assert "hooked" not in message
+    run = demo.deploy()
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    assert "Build the NVIDIA module for every bootable kernel (6.18.98-gpubox-update)" in (
+        " ".join(run.changed_names)
+    )
+    checks = demo.checks(extra=("-m", "quick"))
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-3000:]
+    assert demo.deploy().no_change
 
 
 def test_a_missing_gpu_is_detected_and_named():

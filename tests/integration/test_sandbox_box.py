@@ -130,12 +130,21 @@ def test_hardware_stand_ins_and_faults(info: dict[str, Any]) -> None:
 
 
 def test_a_new_driver_loads_after_a_real_reboot(info: dict[str, Any]) -> None:
-    # every package at name=version, as the driver stage installs them: the (= version)
-    # dependencies alone do not make apt leave the newer candidate (580)
+    # as the driver stage installs them: the roots at name=version under a pin that holds every
+    # package of the build at that version (the (= version) dependencies alone do not make apt
+    # leave the newer candidate, 580), with Debian's legacy-GPU check answered (the box's GT 710)
+    from gpubox.sandbox import debian_real, repo
+
     names = catalog.load()["driver"]["packages"]["debian"]
     pkgs = " ".join(f"{p}={DRIVER}-1" for p in names["common"] + names["proprietary"])
+    pin = repo.driver_pin(repo.all_packages(real=debian_real.ensure()), f"{DRIVER}-1")
     sandbox.ssh(
-        f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {pkgs} >/dev/null", info=info
+        "cat > /etc/apt/preferences.d/90-test-driver && echo 'nvidia-legacy-check "
+        "nvidia-driver/check-for-unsupported-gpu boolean false' | debconf-set-selections && "
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+        f"{pkgs} >/dev/null",
+        input=pin,
+        info=info,
     )
     before = sandbox.ssh("nvidia-smi", check=False, info=info)
     assert before.returncode == 9, before.stdout  # installed, not loaded: no driver to talk to

@@ -14,6 +14,8 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
+from gpubox import catalog
+
 FACTS = Path(__file__).parent / "facts"
 
 V100_LSPCI = [
@@ -36,6 +38,38 @@ REFERENCE = {
 }
 
 
+OS_FAMILY = {"ubuntu2404": ("ubuntu", "24.04", "noble"), "debian12": ("debian", "12", "bookworm")}
+
+
+def repo_answers(os_name: str) -> dict[object, object]:
+    """What the repositories offer (gpubox.offers' query): every catalog pin, and the driver
+    roots of each branch at its package version, as NVIDIA's repositories carry them."""
+    if os_name not in OS_FAMILY:
+        return {}
+    family, version_id, codename = OS_FAMILY[os_name]
+    cat = catalog.load()
+    cuda_repo = []
+    for branch, info in cat["driver"]["branches"].items():
+        pv = info["package_version"][family]
+        for group in cat["driver"]["packages"][family].values():
+            for name in group:
+                cuda_repo.append(f"P {name.format(branch=branch, version=info['version'])} {pv}")
+    cuda_repo += [
+        f"P {c['package']} {c['package_version']}" for c in cat["cuda"]["versions"].values()
+    ]
+    cuda_repo += [f"P {n} {cat['dcgm']['version']}" for n in cat["dcgm"]["packages"]]
+    toolkit = [
+        f"P {n} {cat['container_toolkit']['version']}" for n in cat["container_toolkit"]["packages"]
+    ]
+    values = {"os_id": family, "version_id": version_id, "codename": codename}
+    docker = [f"P {n} {v.format(**values)}" for n, v in cat["docker"]["packages"].items()]
+    return {
+        "gpubox-apt-query nvidia_cuda": cuda_repo,
+        "gpubox-apt-query nvidia_container_toolkit": toolkit,
+        "gpubox-apt-query docker": docker,
+    }
+
+
 def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
     """Fact answers of a freshly installed box of ``os_name`` (ubuntu2404, debian12, ...)."""
     answers: dict[object, object] = {
@@ -55,6 +89,9 @@ def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
         },
         "test -d /sys/module/nouveau": "no",
         "grep -qw contrib": "no",
+        **repo_answers(os_name),
+        # gpubox.kernels: the running kernel, no other, no dkms yet
+        "for f in /boot/vmlinuz-*": ["R 6.8.0-88-generic"],
     }
     answers.update(overrides)
     return answers
@@ -83,6 +120,8 @@ class Plan:
         """Every package argument of every `apt-get install` command, in order."""
         out: list[str] = []
         for command in self.commands:
+            if command.startswith("if "):  # a shell script (a repair), not an apt operation
+                continue
             if " install " in command and "apt-get" in command and " -s " not in command:
                 words = shlex.split(command.split(" install ", 1)[1])
                 out += [w for w in words if not w.startswith("-")]

@@ -5,11 +5,26 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import REFERENCE, fresh_box
+from conftest import REFERENCE, fresh_box, repo_answers
 
+from gpubox import dpkg_ready, driver_plan, offers
 from gpubox.config import load_host_config, target_for
 from gpubox.stages import DeployRefused
 from gpubox.stages import driver as driver_stage
+
+
+def offered(os_name: str) -> dict[str, list[str]]:
+    """NVIDIA's CUDA repository as the fake box's apt answers for it."""
+    return offers.parse_query(repo_answers(os_name)["gpubox-apt-query nvidia_cuda"]).offers
+
+
+def plan_for(os_name: str, data: dict[str, object] = REFERENCE) -> driver_plan.DriverPlan:
+    config = load_host_config("box", data)
+    os_id, version = {"ubuntu2404": ("ubuntu", "24.04"), "debian12": ("debian", "12")}[os_name]
+    target = target_for({"ID": os_id, "VERSION_ID": version}, config.catalog)
+    assert target is not None
+    return driver_plan.plan(config, target, offered(os_name))
+
 
 UBUNTU_570 = [
     "libnvidia-compute-570",
@@ -21,27 +36,15 @@ UBUNTU_570 = [
     "nvidia-dkms-570",
     "nvidia-kernel-source-570",
 ]
-DEBIAN_570 = [
-    "nvidia-driver-cuda",
-    "nvidia-smi",
-    "nvidia-persistenced",
-    "libcuda1",
-    "libnvidia-ml1",
-    "libnvidia-cfg1",
-    "libnvidia-ptxjitcompiler1",
-    "nvidia-kernel-support",
-    "nvidia-modprobe",
-    "nvidia-alternative",
-    "firmware-nvidia-gsp",
-    "nvidia-kernel-dkms",
-]
+DEBIAN_570 = ["nvidia-driver-cuda", "nvidia-kernel-dkms"]  # NVIDIA's documented roots
 
 
 def test_ubuntu_installs_nvidias_exact_570_with_proprietary_modules(plan_of):
     plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
     installed = plan.installs()
     assert sorted(installed) == sorted(
-        ["linux-headers-6.8.0-88-generic"] + [f"{n}=570.211.01-0ubuntu1" for n in UBUNTU_570]
+        ["linux-headers-6.8.0-88-generic", "linux-headers-generic"]
+        + [f"{n}=570.211.01-0ubuntu1" for n in UBUNTU_570]
     )
     assert not [p for p in installed if "open" in p or p.startswith(("cuda", "nvidia-driver-5"))]
     command = plan.op(r"Install NVIDIA driver")[0]
@@ -60,7 +63,10 @@ def test_ubuntu_repository_is_nvidias_ubuntu2404_with_a_pinned_key(plan_of):
     assert "apt-key" not in " ".join(plan.commands)
     assert not [n for n in plan.names if "contrib" in n]  # Debian only
     (update,) = [n for n in plan.names if "apt update" in n]
-    assert plan.op("apt update") == ["apt-get update"] and update in plan.conditional
+    (command,) = plan.op("apt update")
+    # apt-get update ignores DPkg::Lock::Timeout: it waits for the lists lock itself first
+    assert command.endswith(" && apt-get update") and "/var/lib/apt/lists/lock" in command
+    assert update in plan.conditional
     config = load_host_config("box", REFERENCE)
     from gpubox.stages.nvidia_repo import cuda_source_line as source_line
 
@@ -72,14 +78,12 @@ def test_ubuntu_repository_is_nvidias_ubuntu2404_with_a_pinned_key(plan_of):
 
 
 def test_ubuntu_pin_is_exact_and_refuses_the_archives_stubs_and_open_modules():
-    config = load_host_config("box", REFERENCE)
-    target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
-    pin = driver_stage.plan(config, target).pin
+    pin = plan_for("ubuntu2404").pin
     stanzas = [s for s in pin.split("\n\n") if "Package:" in s]
     fields = [dict(re.findall(r"^(Package|Pin|Pin-Priority): (.*)$", s, re.M)) for s in stanzas]
     assert fields[0]["Pin"] == "version 570.211.01-0ubuntu1"
     assert fields[0]["Pin-Priority"] == "1001"
-    assert fields[0]["Package"].split() == UBUNTU_570
+    assert sorted(fields[0]["Package"].split()) == sorted(UBUNTU_570)
     assert (fields[1]["Pin"], fields[1]["Pin-Priority"]) == ("version *", "-1")
     assert fields[2]["Package"].split() == ["nvidia-dkms-570-open", "nvidia-kernel-source-570-open"]
     assert fields[2]["Pin-Priority"] == "-1"
@@ -88,9 +92,7 @@ def test_ubuntu_pin_is_exact_and_refuses_the_archives_stubs_and_open_modules():
 
 
 def test_unattended_upgrades_blacklist_names_every_driver_package():
-    config = load_host_config("box", REFERENCE)
-    target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
-    text = driver_stage.plan(config, target).unattended
+    text = plan_for("ubuntu2404").unattended
     patterns = re.findall(r'^\s+"(.*)";$', text, re.M)
     for name in UBUNTU_570:
         assert any(re.match(p, name) for p in patterns), name
@@ -100,15 +102,15 @@ def test_unattended_upgrades_blacklist_names_every_driver_package():
 def test_debian_uses_unsuffixed_names_contrib_and_the_debian12_repository(plan_of):
     plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("debian12"))
     assert sorted(plan.installs()) == sorted(
-        ["linux-headers-6.8.0-88-generic"] + [f"{n}=570.211.01-1" for n in DEBIAN_570]
+        ["linux-headers-6.8.0-88-generic", "linux-headers-generic"]
+        + [f"{n}=570.211.01-1" for n in DEBIAN_570]
     )
     assert plan.op("contrib")  # enabled because the box's sources lack it
     assert "/repos/debian12/x86_64/" in plan.op("NVIDIA CUDA .* key \\(")[0]
-    config = load_host_config("box", REFERENCE)
-    target = target_for({"ID": "debian", "VERSION_ID": "12"}, config.catalog)
-    pin = driver_stage.plan(config, target).pin
+    pin = plan_for("debian12").pin
     assert "Pin: version 570.211.01-1\nPin-Priority: 1001" in pin
-    assert "Pin: release o=Debian\nPin-Priority: -1" in pin
+    # Debian's own driver builds by source package, never its support packages by name
+    assert "Package: src:nvidia-graphics-drivers*\nPin: release o=Debian\nPin-Priority: -1" in pin
     assert "nvidia-kernel-open-dkms\nPin: version *\nPin-Priority: -1" in pin
 
 
@@ -174,10 +176,12 @@ def test_persistence_dropin_and_initramfs(plan_of):
     from gpubox.stages import render
 
     dropin = render("nvidia-persistenced.conf.j2", persistence_mode=True)
-    assert (
-        "ExecStart=\nExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced "
-        "--persistence-mode --verbose\n" in dropin
-    )
+    # the packaged ExecStart (and the user it names, which differs by distribution) is kept
+    assert "ExecStart=" not in dropin.replace("ExecStartPost=", "")
+    assert "--user" not in dropin
+    assert "ExecStartPost=/usr/bin/nvidia-smi -pm 1\n" in dropin
+    off = render("nvidia-persistenced.conf.j2", persistence_mode=False)
+    assert "ExecStartPost=/usr/bin/nvidia-smi -pm 0\n" in off
 
 
 def test_kernel_headers_can_be_left_out(plan_of):
@@ -234,7 +238,7 @@ def converged_ubuntu_box() -> dict[object, object]:
 
     config = load_host_config("box", REFERENCE)
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
-    plan = driver_stage.plan(config, target)
+    plan = plan_for("ubuntu2404")
     cuda = cuda_stage.plan(config, target)
     files = {
         driver_stage.PIN_FILE: plan.pin,
@@ -247,6 +251,7 @@ def converged_ubuntu_box() -> dict[object, object]:
         config.catalog["repos"]["nvidia_cuda"]["source_file"]: source_line(config, target),
         cuda_stage.PROFILE_FILE: cuda.profile,
         cuda_stage.LD_FILE: cuda.ld_conf,
+        dpkg_ready.CONF_FILE: dpkg_ready.lock_timeout_conf(900),
     }
     digests = [
         f"{path} 644 {hashlib.sha256(text.encode()).hexdigest()}" for path, text in files.items()
@@ -254,6 +259,7 @@ def converged_ubuntu_box() -> dict[object, object]:
     dpkg = [f"hi  {name}  570.211.01-0ubuntu1  amd64  driver" for name in UBUNTU_570] + [
         "ii  cuda-toolkit-12-8  12.8.1-1  amd64  toolkit",
         "ii  linux-headers-6.8.0-88-generic  6.8.0-88.89  amd64  headers",
+        "ii  linux-headers-generic  6.8.0-88.89  amd64  headers meta",
     ]
     return fresh_box(
         "ubuntu2404",
@@ -265,6 +271,13 @@ def converged_ubuntu_box() -> dict[object, object]:
             "cat /sys/module/nvidia/version": "570.211.01",
             "systemctl show": ["Id=nvidia-persistenced.service", "SubState=running"],
             "readlink -e /usr/local/cuda": "/usr/local/cuda-12.8",
+            "for f in /boot/vmlinuz-*": [
+                "R 6.8.0-88-generic",
+                "K 6.8.0-88-generic",
+                "H 6.8.0-88-generic",
+                "DKMS",
+                "D nvidia/570.211.01, 6.8.0-88-generic, x86_64: installed",
+            ],
         },
     )
 
@@ -291,3 +304,100 @@ def test_a_converged_ubuntu_box_plans_no_change(plan_of):
     assert [n for n, c in plan.ops if c and n not in plan.conditional] == [
         "NVIDIA driver | Pin the NVIDIA driver to one exact version"
     ]
+
+
+# What the repository offers decides; a catalog pin it does not carry is one clear line.
+
+
+def test_a_driver_root_the_repository_lacks_is_refused_naming_what_it_offers(plan_of):
+    answers = fresh_box("debian12")
+    answers["gpubox-apt-query nvidia_cuda"] = [
+        line
+        for line in answers["gpubox-apt-query nvidia_cuda"]
+        if not line.startswith("P nvidia-driver-cuda 570.")
+    ]
+    text = refused(plan_of, REFERENCE, answers)
+    assert "nothing was changed" in text
+    assert "nvidia-driver-cuda (the repository has 580.105.08-1)" in text
+
+
+def test_a_toolkit_pin_the_repository_no_longer_carries_names_the_key(plan_of):
+    answers = fresh_box("ubuntu2404")
+    answers["gpubox-apt-query nvidia_cuda"] = [
+        line.replace("cuda-toolkit-12-8 12.8.1-1", "cuda-toolkit-12-8 12.8.2-1")
+        for line in answers["gpubox-apt-query nvidia_cuda"]
+    ]
+    text = refused(plan_of, REFERENCE, answers)
+    assert (
+        "@fake/box: cuda: repos.nvidia_cuda does not offer cuda-toolkit-12-8=12.8.1-1 "
+        "(offered: 12.8.2-1); pin one it offers with catalog_overrides "
+        "'cuda.versions.12.8.package_version'" in text
+    )
+
+
+def test_an_unreadable_repository_is_refused_before_anything(plan_of):
+    answers = fresh_box(
+        "ubuntu2404", **{"gpubox-apt-query nvidia_container_toolkit": "E 404 Not Found"}
+    )
+    text = refused(plan_of, REFERENCE, answers)
+    assert "repos.nvidia_container_toolkit: cannot read the repository (404 Not Found)" in text
+
+
+def test_the_pin_covers_every_package_nvidia_builds_at_the_version(plan_of):
+    answers = fresh_box("debian12")
+    answers["gpubox-apt-query nvidia_cuda"] = [
+        *answers["gpubox-apt-query nvidia_cuda"],
+        "P nvidia-smi 570.211.01-1",
+        "P libcuda1 570.211.01-1",
+    ]
+    plan = plan_of(driver_stage.driver, REFERENCE, answers)
+    (pin_upload,) = [c for c in plan.op("Pin the NVIDIA driver") if "nvidia-smi" in c] or [""]
+    config = load_host_config("box", REFERENCE)
+    target = target_for({"ID": "debian", "VERSION_ID": "12"}, config.catalog)
+    assert target is not None
+    p = driver_plan.plan(
+        config, target, offers.parse_query(answers["gpubox-apt-query nvidia_cuda"]).offers
+    )
+    assert {"nvidia-smi", "libcuda1", "nvidia-driver-cuda"} <= set(p.pinned)
+    assert "nvidia-kernel-open-dkms" not in p.pinned and p.install == DEBIAN_570
+
+
+def test_kernel_headers_meta_and_the_module_for_every_bootable_kernel(plan_of):
+    fresh = plan_of(driver_stage.driver, REFERENCE, fresh_box("debian12"))
+    assert "linux-headers-generic" in fresh.installs()
+    build = fresh.op("Build the NVIDIA module for every bootable kernel")[0]
+    assert "dkms autoinstall -k 6.8.0-88-generic" in build
+    # a kernel update installed 6.8.0-90 without the module: only that one is built
+    updated = fresh_box(
+        "ubuntu2404",
+        **{
+            "for f in /boot/vmlinuz-*": [
+                "R 6.8.0-88-generic",
+                "K 6.8.0-88-generic",
+                "K 6.8.0-90-generic",
+                "H 6.8.0-88-generic",
+                "DKMS",
+                "D nvidia/570.211.01, 6.8.0-88-generic, x86_64: installed",
+            ]
+        },
+    )
+    plan = plan_of(driver_stage.driver, REFERENCE, updated)
+    (command,) = plan.op("Build the NVIDIA module for every bootable kernel \\(6.8.0-90-generic\\)")
+    assert "6.8.0-88" not in command and "linux-headers-6.8.0-90-generic" in command
+
+
+def test_debians_legacy_gpu_check_is_answered_once_before_the_install(plan_of):
+    fresh = plan_of(driver_stage.driver, REFERENCE, fresh_box("debian12"))
+    names = fresh.names
+    preseed = [i for i, n in enumerate(names) if "legacy-GPU check" in n]
+    install = [i for i, n in enumerate(names) if "Install NVIDIA driver" in n]
+    assert preseed and install and preseed[0] < install[0]
+    assert "check-for-unsupported-gpu boolean false" in fresh.op("legacy-GPU check")[0]
+    answered = plan_of(
+        driver_stage.driver,
+        REFERENCE,
+        fresh_box("debian12", **{"/var/cache/debconf/config.dat": "false"}),
+    )
+    assert not [n for n in answered.names if "legacy-GPU check" in n]
+    ubuntu = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
+    assert not [n for n in ubuntu.names if "legacy-GPU check" in n]

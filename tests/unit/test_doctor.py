@@ -59,6 +59,8 @@ def converged_outputs() -> dict[str, str]:
         "os_release": fixture("os/os-release_debian12_local.txt"),
         "kernel": "6.1.0-28-amd64\n",
         "module_version": PIN + "\n",
+        "kernels": "R 6.1.0-28-amd64\nK 6.1.0-28-amd64\nH 6.1.0-28-amd64\nDKMS\n"
+        f"D nvidia-current/{PIN}, 6.1.0-28-amd64, x86_64: installed\n",
         "dpkg": fixture("apt/dpkg-query_debian12_local.txt")
         + "".join(f"{name}\t{version}\thi \n" for name in DRIVER.installed),
         "holds": "\n".join(DRIVER.installed) + "\n",
@@ -179,7 +181,7 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
     )
     assert [ln.split()[:3] for ln in lines[6:8]] == [["GPU0", "X", "NV2"], ["GPU1", "NV2", "X"]]
     assert f"Driver    installed {DRIVER.package_version}, loaded {PIN}" in text
-    assert "held 12/12" in text and "nvidia-persistenced active, enabled" in text
+    assert "held 2/2" in text and "nvidia-persistenced active, enabled" in text
     assert "CUDA      nvcc 12.8.93 (/usr/local/cuda-12.8/bin/nvcc)" in text
     assert "runtimes io.containerd.runc.v2, nvidia, runc (default runc)" in text
     assert "DCGM      nvidia-dcgm active, enabled, 2 GPU(s) discovered" in text
@@ -262,6 +264,19 @@ def test_driver_drift_unheld_and_pin_broken(host: StandinHost):
         f"missing or broken) -> {fix}"
     ) in findings
     assert any(f.startswith(f"loaded driver {PIN}, 580.105.08, configured {PIN}") for f in findings)
+
+
+def test_a_kernel_update_without_the_module_is_named_with_its_fix(host: StandinHost):
+    _, findings, text = check(host)
+    assert "Kernels   module built for 6.1.0-28-amd64\n" in text and not findings
+    host.outputs["kernels"] += "K 6.1.0-31-amd64\n"
+    _, findings, text = check(host)
+    assert findings == [
+        f"no NVIDIA {PIN} module (dkms status) for kernel(s) 6.1.0-31-amd64: booting one of "
+        "them gives no driver -> pyinfra inventories/box.py deploy/driver.py (runs dkms "
+        "autoinstall -k KERNEL, or installs that kernel's headers)"
+    ]
+    assert "Kernels   module built for 6.1.0-28-amd64; MISSING for 6.1.0-31-amd64" in text
 
 
 def test_burnin_failed_and_required(host: StandinHost):

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -437,7 +438,8 @@ def test_580_branch(box: Box):
     "args",
     [
         ["-q"],
-        ["-pm", "1"],
+        ["-pm", "2"],
+        ["-pm", "1", "-i", "0"],
         ["nvlink"],
         ["topo"],
         ["--query-gpu=index"],
@@ -1303,3 +1305,430 @@ def test_unbuilt_gpu_burn_template_refuses(dbox: DcgmBox):
         timeout=30,
     )
     assert result.returncode == 1 and "stand-in" in result.stderr
+
+
+# --------------------------------------------------------------------------- persistence mode
+
+
+def test_pm_through_the_running_daemon(box: Box):
+    box.persistence(False)
+    (box.run / st.PERSISTENCED_FILE).write_text(f"{os.getpid()} {PIN}\n")  # a live PID
+    out = box.smi_ok("-pm", "1")
+    assert out == (
+        "Enabled persistence mode for GPU 00000000:07:00.0.\n"
+        "Enabled persistence mode for GPU 00000000:08:00.0.\n"
+        "All done.\n"
+    )
+    assert {r["persistence_mode"] for r in query(box)} == {"Enabled"}
+    assert box.smi_ok("--persistence-mode=1").startswith(
+        "Persistence mode is already Enabled for GPU 00000000:07:00.0.\n"
+    )
+    assert box.smi_ok("-pm", "0").splitlines()[0] == (
+        "Disabled persistence mode for GPU 00000000:07:00.0."
+    )
+    assert not (box.run / st.PERSISTENCE_FILE).exists()
+    assert {r["persistence_mode"] for r in query(box)} == {"Disabled"}
+    assert box.smi_ok("--persistence-mode", "DISABLED").startswith("Persistence mode is already")
+
+
+def test_pm_without_the_daemon_is_legacy_mode(box: Box):
+    box.persistence(False)
+    (box.run / st.PERSISTENCED_FILE).write_text("999999999 570.211.01\n")  # a dead PID
+    out = box.smi_ok("-pm", "1")
+    assert out.splitlines()[0] == "Enabled Legacy persistence mode for GPU 00000000:07:00.0."
+    assert (box.run / st.PERSISTENCE_FILE).read_text().split()[0] == "legacy"
+    assert {r["persistence_mode"] for r in query(box)} == {"Enabled"}
+
+
+def test_pm_needs_a_loaded_driver(box: Box):
+    box.load_driver(None)
+    box.persistence(False)
+    result = box.smi("-pm", "1")
+    assert result.returncode == 9 and not (box.run / st.PERSISTENCE_FILE).exists()
+
+
+def persistenced_script(tmp_path: Path) -> Path:
+    """The stand-in nvidia-persistenced as the package installs it, with its run files (and
+    its pid directory, /var/run/nvidia-persistenced in the box) under ``tmp_path``."""
+    from gpubox.sandbox import repo
+
+    run = tmp_path / "run"
+    text = repo._template(
+        "nvidia-persistenced",
+        version=PIN,
+        package_version=f"{PIN}-1",
+        branch="570",
+        loaded_file=run / st.LOADED_DRIVER_FILE,
+        persistence_file=run / st.PERSISTENCE_FILE,
+        persistenced_file=run / st.PERSISTENCED_FILE,
+    ).replace("/var/run/nvidia-persistenced", str(tmp_path / "piddir"))
+    script = tmp_path / "nvidia-persistenced"
+    script.write_text(text)
+    return script
+
+
+def test_persistenced_fails_without_its_user(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, str(persistenced_script(tmp_path)), "--user", "nvpd-not-here"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "Failed to find user 'nvpd-not-here'" in result.stderr
+    assert not (tmp_path / "run" / st.PERSISTENCE_FILE).exists()
+
+
+def test_persistenced_and_nvidia_smi_pm(box: Box):
+    script = persistenced_script(box.root)
+    box.persistence(False)
+    daemon = subprocess.Popen(
+        [sys.executable, str(script), "--user", "root", "--foreground"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        run_file = box.run / st.PERSISTENCED_FILE
+        for _ in range(100):
+            if run_file.exists() and (box.run / st.PERSISTENCE_FILE).exists():
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        assert run_file.read_text() == f"{daemon.pid} {PIN}\n"  # persistence on by default
+        assert box.smi_ok("-pm", "0").startswith("Disabled persistence mode for GPU")
+        assert box.smi_ok("-pm", "1").startswith("Enabled persistence mode for GPU")
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+    assert not run_file.exists() and not (box.run / st.PERSISTENCE_FILE).exists()
+    assert box.smi_ok("-pm", "1").startswith("Enabled Legacy persistence mode")
+
+
+def test_lspci_machine_readable_as_the_legacy_check_reads_it(box: Box):
+    result = box.lspci("-mn")
+    assert result.returncode == 0, result.stderr
+    assert '09:00.0 "0300" "10de" "128b" -ra1 "" ""\n' in result.stdout
+    assert '07:00.0 "0302" "10de" "1db5" -ra1 "" ""\n' in result.stdout
+    single = box.lspci("-nn", "-s", "09:00.0").stdout
+    assert single == (
+        "09:00.0 VGA compatible controller [0300]: NVIDIA Corporation GK208B [GeForce GT 710] "
+        "[10de:128b] (rev a1)\n"
+    )
+    assert box.lspci("--version").stdout == "lspci version 3.9.0\n"
+    assert box.lspci("-m").returncode == 1  # names in -m form: not served
+
+
+# --------------------------------------------------------------------------- Debian-derived
+# The stand-in NVIDIA debian12 driver packages, built from Debian's real ones (STANDINS.md).
+# These read the real-package cache (<cache dir>/debian-real), which the sandbox build fills
+# from Debian's archive once (debian_real.ensure; about 130 MB).
+
+REAL_FULL = "535.309.01-0+deb12u1"
+
+
+@pytest.fixture(scope="module")
+def real():
+    from gpubox.sandbox import debian_real
+
+    return debian_real.ensure()
+
+
+@pytest.fixture(scope="module")
+def built(real, tmp_path_factory):
+    """The driver packages of both branches, built into an unsigned flat repository."""
+    from gpubox import catalog
+    from gpubox.sandbox import repo
+
+    cat = catalog.load()
+    debs = [d for b in repo.DRIVER_BRANCHES for d in repo.driver_packages(b, cat, real)]
+    dest = repo.build_packages(debs, tmp_path_factory.mktemp("standin-repo"))
+    return {"debs": debs, "repo": dest, "cat": cat}
+
+
+def deb_field(path: Path, name: str) -> str:
+    return subprocess.run(
+        ["dpkg-deb", "-f", str(path), name], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def deb_member(path: Path, member: str) -> str:
+    """A file of a .deb's data archive (``./usr/...``) or, without a slash, its control."""
+    if "/" not in member:
+        with tempfile.TemporaryDirectory(prefix="gpubox-test-") as tmp:
+            subprocess.run(["dpkg-deb", "-e", str(path), tmp], check=True)
+            return (Path(tmp) / member).read_text()
+    tar = subprocess.run(
+        ["dpkg-deb", "--fsys-tarfile", str(path)], capture_output=True, check=True
+    ).stdout
+    return subprocess.run(
+        ["tar", "-xOf", "-", member], input=tar, capture_output=True, check=True
+    ).stdout.decode()
+
+
+def rewritten(text: str, real_full: str, pv: str) -> str:
+    """The test's own statement of the rewrite: the real build's full version, upstream
+    version and lone branch become the stand-in's."""
+    up, new_up = real_full.split("-")[0], pv.split("-")[0]
+    branch, new_branch = up.split(".")[0], new_up.split(".")[0]
+    text = text.replace(real_full, pv).replace(up, new_up)
+    return re.sub(rf"\(>= {branch}\)", f"(>= {new_branch})", text)
+
+
+RELATIONS = ("Pre-Depends", "Depends", "Recommends", "Suggests", "Provides", "Conflicts")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "libcuda1",
+        "nvidia-smi",
+        "nvidia-kernel-dkms",
+        "nvidia-kernel-support",
+        "nvidia-alternative",
+        "nvidia-persistenced",
+        "libnvidia-ml1",
+    ],
+)
+@pytest.mark.parametrize("pv", ["570.211.01-1", "580.105.08-1"])
+def test_relations_are_debians_re_versioned(real, built, name: str, pv: str):
+    package = real.package(name)
+    real_deb = real.base / "debs" / package.filename
+    ours = built["repo"] / f"{name}_{pv}_amd64.deb"
+    assert deb_field(ours, "Version") == pv
+    for field in RELATIONS:
+        want = rewritten(deb_field(real_deb, field), package.version, pv)
+        got = deb_field(ours, field)
+        if name == "libcuda1" and field == "Provides":  # plus the newer CUDA releases
+            assert got.startswith(want + ", libcuda-12.3-1")
+        else:
+            assert got == want, field
+        assert "535." not in got and "(>= 535)" not in got
+    assert deb_field(ours, "X-Gpubox-Standin-Of").startswith(f"Debian's {name} {package.version}")
+
+
+def test_key_relations_are_the_real_ones(built):
+    """The shapes a hand-written stand-in got wrong, read from the built packages."""
+    repo = built["repo"]
+    libcuda = deb_field(repo / "libcuda1_570.211.01-1_amd64.deb", "Depends")
+    assert libcuda.startswith("nvidia-support, nvidia-alternative (= 570.211.01-1)")
+    assert "libnvidia-pkcs11-openssl3 (= 570.211.01-1)" in libcuda
+    dkms = repo / "nvidia-kernel-dkms_570.211.01-1_amd64.deb"
+    assert deb_field(dkms, "Pre-Depends") == "nvidia-installer-cleanup"
+    assert "dkms (>= 3.0.3-4~)" in deb_field(dkms, "Depends")
+    support = deb_field(repo / "nvidia-kernel-support_570.211.01-1_amd64.deb", "Depends")
+    assert "nvidia-kernel-common (>= 20151021)" in support
+    assert "nvidia-modprobe (>= 570)" in support
+    alternative = repo / "nvidia-alternative_570.211.01-1_amd64.deb"
+    assert deb_field(alternative, "Depends") == "glx-alternative-nvidia (>= 1.2)"
+    assert "nvidia-legacy-check (>= 495)" in deb_field(alternative, "Pre-Depends")
+
+
+def test_persistenced_runs_as_nvpd(real, built):
+    ours = built["repo"] / "nvidia-persistenced_570.211.01-1_amd64.deb"
+    postinst = deb_member(ours, "postinst")
+    assert "adduser --system --group" in postinst and "--home /var/run/nvpd/" in postinst
+    assert re.search(r"^\s*nvpd$", postinst, re.M)
+    assert "useradd" not in postinst and "nvidia-persistenced --user nvidia" not in postinst
+    unit = deb_member(ours, "./lib/systemd/system/nvidia-persistenced.service")
+    assert "\nExecStart=/usr/bin/nvidia-persistenced --user nvpd\n" in unit
+    real_deb = real.base / "debs" / real.package("nvidia-persistenced").filename
+    assert unit == deb_member(real_deb, "./lib/systemd/system/nvidia-persistenced.service")
+    assert postinst == deb_member(real_deb, "postinst")  # no version inside: byte for byte
+    daemon = deb_member(ours, "./usr/bin/nvidia-persistenced")
+    assert "gpubox sandbox stand-in" in daemon and "@" not in daemon.split("import")[0]
+
+
+def test_maintainer_scripts_and_conffiles_are_debians(real, built):
+    repo = built["repo"]
+    for name, member in (
+        ("nvidia-alternative", "postinst"),
+        ("nvidia-alternative", "triggers"),
+        ("nvidia-kernel-dkms", "prerm"),
+        ("nvidia-legacy-check", "preinst"),
+        ("nvidia-kernel-support", "conffiles"),
+        ("libcuda1", "postinst"),
+        ("libcuda1", "shlibs"),
+    ):
+        package = real.package(name)
+        real_text = deb_member(real.base / "debs" / package.filename, member)
+        ours = deb_member(repo / f"{name}_570.211.01-1_amd64.deb", member)
+        want = rewritten(real_text, package.version, "570.211.01-1")
+        if member == "postinst" and name == "nvidia-alternative":
+            want = want.replace(" 535 $slaves", " 570 $slaves").replace(
+                "$((535 - 1))", "$((570 - 1))"
+            )
+        assert ours == want, (name, member)
+    alt = deb_member(repo / "nvidia-alternative_570.211.01-1_amd64.deb", "postinst")
+    assert (
+        "update-alternatives --install /usr/lib/nvidia/nvidia nvidia /usr/lib/nvidia/current 570 "
+        in alt
+    )
+    assert "/etc/nvidia/nvidia-570.211.01/nvidia-modprobe.conf" in alt
+    legacy = deb_member(repo / "nvidia-legacy-check_570.211.01-1_amd64.deb", "preinst")
+    assert "\n10DE128B\n" in legacy  # the reference box's GT 710: a legacy GPU
+    modprobe = deb_member(
+        repo / "nvidia-kernel-support_570.211.01-1_amd64.deb",
+        "./etc/nvidia/current/nvidia-modprobe.conf",
+    )
+    assert modprobe.startswith("install nvidia modprobe -i nvidia-current $CMDLINE_OPTS\n")
+
+
+def test_payload_is_a_stand_in_where_it_touches_hardware(built):
+    repo = built["repo"]
+    smi = deb_member(
+        repo / "nvidia-smi_580.105.08-1_amd64.deb", "./usr/lib/nvidia/current/nvidia-smi"
+    )
+    assert 'USERSPACE_VERSION = "580.105.08"' in smi
+    lib = subprocess.run(
+        ["dpkg-deb", "--fsys-tarfile", str(repo / "libcuda1_570.211.01-1_amd64.deb")],
+        capture_output=True,
+        check=True,
+    ).stdout
+    listing = subprocess.run(
+        ["tar", "-tvf", "-"], input=lib, capture_output=True, check=True
+    ).stdout.decode()
+    assert "./usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.570.211.01" in listing
+    assert "libcuda.so.1 -> libcuda.so.570.211.01" in listing
+    so = subprocess.run(
+        ["tar", "-xOf", "-", "./usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.570.211.01"],
+        input=lib,
+        capture_output=True,
+        check=True,
+    ).stdout
+    from gpubox.sandbox import debian_real
+
+    assert so[:4] == b"\x7fELF" and len(so) < 20000
+    assert debian_real.elf_info(so) == {"type": "library", "soname": "libcuda.so.1"}
+
+
+def test_dkms_source_builds_placeholder_modules(real, built, tmp_path: Path):
+    from gpubox.sandbox import kernel
+
+    deb = built["repo"] / "nvidia-kernel-dkms_570.211.01-1_amd64.deb"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "pkg")], check=True)
+    src = tmp_path / "pkg/usr/src/nvidia-current-570.211.01"
+    real_conf = deb_member(
+        real.base / "debs" / real.package("nvidia-kernel-dkms").filename,
+        f"./usr/src/nvidia-current-{REAL_FULL.split('-')[0]}/dkms.conf",
+    )
+    assert (src / "dkms.conf").read_text() == rewritten(real_conf, REAL_FULL, "570.211.01-1")
+    assert sorted(p.name for p in src.iterdir()) == [
+        "Makefile",
+        "README.gpubox-sandbox",
+        "dkms.conf",
+        "gpubox-standin-ko",
+    ]
+    version = "6.1.0-99-amd64"
+    kernel.install_kernel(tmp_path / "root", version)
+    headers = tmp_path / f"root/usr/src/linux-headers-{version}"
+    assert "PREEMPT_RT" not in (headers / ".config").read_text().replace(
+        "CONFIG_PREEMPT_RT is not set", ""
+    )
+    make = ["make", "-C", str(src), "modules", f"KERNEL_UNAME={version}", f"SYSSRC={headers}"]
+    result = subprocess.run(make, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for module in ("nvidia", "nvidia-modeset", "nvidia-drm", "nvidia-uvm", "nvidia-peermem"):
+        data = (src / f"{module}.ko").read_bytes()
+        assert data[:4] == b"\x7fELF"
+        assert b"version=570.211.01\0" in data and f"vermagic={version} ".encode() in data
+    no_headers = subprocess.run(
+        [*make[:-1], f"SYSSRC={tmp_path / 'nothing'}"], capture_output=True, text=True
+    )
+    assert no_headers.returncode != 0 and "no kernel headers" in no_headers.stderr
+
+
+def test_standin_kernel_tree(tmp_path: Path):
+    from gpubox.sandbox import kernel
+
+    kernel.install_kernel(tmp_path, "6.18.44-fc-v857")
+    modules = tmp_path / "lib/modules/6.18.44-fc-v857"
+    assert os.readlink(modules / "build") == "/usr/src/linux-headers-6.18.44-fc-v857"
+    assert (tmp_path / "usr/src/linux-headers-6.18.44-fc-v857/include").is_dir()
+    assert (modules / "modules.order").exists() and (
+        tmp_path / "boot/config-6.18.44-fc-v857"
+    ).exists()
+    kernel.install_kernel(tmp_path, "6.18.45-x", headers=False)
+    assert not (tmp_path / "lib/modules/6.18.45-x/build").exists()
+    with pytest.raises(kernel.KernelError):
+        kernel.install_kernel(tmp_path, "../etc")
+
+
+def test_the_documented_install_resolves_with_apt(real, built):
+    """apt's real resolver, Debian's real index plus the stand-in repository: NVIDIA's
+    documented install resolves under a pin like the deploy's, from the stand-ins derived
+    from Debian's packages and Debian's own support packages; without the pin the newer
+    branch's packages win and the exact versions cannot be met."""
+    from gpubox.sandbox import debian_real, repo
+
+    pv = "570.211.01-1"
+    install = [
+        "install",
+        "--no-install-recommends",
+        f"nvidia-driver-cuda={pv}",
+        f"nvidia-kernel-dkms={pv}",
+    ]
+    pin = repo.driver_pin(built["debs"], pv)
+    result = debian_real.simulate(real, [built["repo"]], install, preferences=pin)
+    assert result.returncode == 0, result.stdout + result.stderr
+    installs = debian_real.simulated_installs(result.stdout)
+    ours = {n for n, v in installs.items() if v == pv}
+    assert ours == {
+        "nvidia-driver-cuda",
+        *(p.name for p in real.packages.values() if not p.name.startswith("nvidia-open-")),
+    }
+    for debian in (
+        "dkms",
+        "nvidia-support",
+        "nvidia-kernel-common",
+        "nvidia-installer-cleanup",
+        "glx-alternative-nvidia",
+        "update-glx",
+    ):
+        assert debian in installs and installs[debian] != pv
+    assert not [n for n, v in installs.items() if v.startswith(("535.", "580."))]
+    assert repo.check_driver_install(real, built["repo"], built["debs"], built["cat"]) == []
+
+    unpinned = debian_real.simulate(real, [built["repo"]], install)
+    assert unpinned.returncode != 0
+    assert "but 580.105.08-1 is to be installed" in unpinned.stdout
+
+
+def test_standins_doc_lists_every_package(built):
+    from gpubox.sandbox import repo
+
+    doc = (Path(repo.__file__).parent / "STANDINS.md").read_text()
+    names = {d.name for d in built["debs"]}
+    names |= {d.name for d in repo.all_toolkit_packages()}
+    names |= {d.name for c in repo.CUDA_STANDINS for d in repo.cuda_packages(c, built["cat"])}
+    names |= {d.name for d in repo.dcgm_packages(built["cat"]["dcgm"]["version"])}
+    missing = sorted(n for n in names if f"`{n}`" not in doc)
+    assert not missing, f"STANDINS.md does not list {missing}"
+
+
+def test_debians_legacy_check_finds_the_gt_710(built, box: Box, tmp_path: Path):
+    """The real nvidia-legacy-check preinst's detection (its own shell code, run against the
+    stand-in lspci) flags the reference box's display card, as it would on the real box; a
+    box without that card passes."""
+    preinst = deb_member(built["repo"] / "nvidia-legacy-check_570.211.01-1_amd64.deb", "preinst")
+    assert ". /usr/share/debconf/confmodule\n" in preinst
+    detect = preinst.replace(". /usr/share/debconf/confmodule\n", "")
+    detect = detect[: detect.index('if [ "$1" = "install" ]')] + "find_unsupported_gpus\n"
+    script = tmp_path / "detect.sh"
+    script.write_text(detect)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "lspci").write_text(standin.LSPCI.read_text())
+    (bindir / "lspci").chmod(0o755)
+    env = {**box.env(), "PATH": f"{bindir}:/usr/bin:/bin"}
+
+    def found() -> str:
+        result = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert found() == "09:00.0\n"
+    state = st.default_state()
+    for device in state["pci_devices"]:
+        if device["device_id"] == "128b":
+            device["present"] = False
+    box.save(state)
+    assert found() == ""

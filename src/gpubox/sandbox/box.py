@@ -84,6 +84,7 @@ HOST_COMMANDS = {
     "debootstrap": "debootstrap",
     "systemd-nspawn": "systemd-container",
     "dpkg-deb": "dpkg",
+    "dpkg-divert": "dpkg",
     "dpkg-scanpackages": "dpkg-dev",
     "apt-ftparchive": "apt-utils",
     "gpg": "gnupg",
@@ -551,7 +552,8 @@ def _clean_old_boxes(boxes: Path, keep: Path) -> None:
 
 
 def _prepare_box_rootfs(root: Path, mirror: str, pubkey: str) -> None:
-    """Per-box settings of a fresh copy: keys, identity, apt sources, hosts, hardware."""
+    """Per-box settings of a fresh copy: keys, identity, apt sources, hosts, hardware, and a
+    stand-in of the running kernel's image and headers (for DKMS)."""
     (root / "root/.ssh/authorized_keys").write_text(pubkey)
     os.chmod(root / "root/.ssh/authorized_keys", 0o600)
     (root / "etc/machine-id").write_text(secrets.token_hex(16) + "\n")
@@ -587,21 +589,46 @@ def _prepare_box_rootfs(root: Path, mirror: str, pubkey: str) -> None:
         )
     (root / "etc/apt/sources.list.d/debian.sources").write_text(sources)
     install_hardware(root)
+    # The box runs the host's kernel: a stand-in of its image and headers, so that Debian's
+    # real dkms builds the (stand-in) NVIDIA module for it (kernel.py, STANDINS.md).
+    from gpubox.sandbox import kernel
+
+    kernel.install_kernel(root, os.uname().release)
 
 
 # --------------------------------------------------------------------------- hardware
 
 
 def install_hardware(root: Path) -> None:
-    """The box's stand-in "hardware": the GPU state file and the lspci stand-in."""
+    """The box's stand-in "hardware": the GPU state file and the lspci stand-in (in
+    /usr/local/sbin, and in /usr/bin past a local diversion of pciutils' lspci)."""
     from gpubox.sandbox import standin
     from gpubox.sandbox.standin import state as standin_state
 
     standin_state.save_state(standin_state.default_state(), _in_box(root, standin.STATE_PATH))
-    lspci = root / "usr/local/sbin/lspci"
-    lspci.parent.mkdir(parents=True, exist_ok=True)
-    lspci.write_bytes(standin.LSPCI.read_bytes())
-    lspci.chmod(0o755)
+    # Maintainer scripts run with apt's DPkg::Path (/usr/sbin:/usr/bin:/sbin:/bin), without
+    # /usr/local/sbin: Debian's nvidia-legacy-check preinst runs `lspci -mn` (STANDINS.md). A
+    # local dpkg diversion keeps pciutils' own lspci, once installed, at lspci.distrib, so the
+    # stand-in answers in /usr/bin too.
+    subprocess.run(
+        [
+            "dpkg-divert",
+            f"--root={root}",
+            "--local",
+            "--rename",
+            "--divert",
+            "/usr/bin/lspci.distrib",
+            "--add",
+            "/usr/bin/lspci",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    for path in ("usr/local/sbin/lspci", "usr/bin/lspci"):
+        lspci = root / path
+        lspci.parent.mkdir(parents=True, exist_ok=True)
+        lspci.write_bytes(standin.LSPCI.read_bytes())
+        lspci.chmod(0o755)
 
 
 def _in_box(root: Path, path: Path | str) -> Path:
@@ -802,14 +829,9 @@ def ssh(
     """Run a command in the box over SSH; returns stdout/stderr as text."""
     info = info or box_info()
     argv = ssh_argv(info, [command] if isinstance(command, str) else command)
-    result = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        input=input,
-        stdin=None if input is not None else subprocess.DEVNULL,
-    )
+    # input= or stdin=, never both (gevent's subprocess refuses stdin=None beside input=)
+    feed: dict[str, Any] = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **feed)
     if check and result.returncode != 0:
         raise SandboxError(
             f"in the box: {command!r} exited {result.returncode}:\n{result.stderr}{result.stdout}"

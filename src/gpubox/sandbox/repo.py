@@ -6,12 +6,16 @@ stand-in with the same shape: a flat repository (``deb [signed-by=KEYRING] URL /
 Label "NVIDIA CUDA", signed by a throwaway key published as a *binary* keyring
 ``cuda-archive-keyring.gpg`` (as NVIDIA publishes theirs).
 
-It carries NVIDIA's real Debian package names (catalog.yml driver.packages.debian) at two
-driver versions side by side, the R570 the deploy pins and a newer R580 the pin must resist,
-plus the ``cuda-drivers`` trap and two CUDA toolkits (12.8, and 13.0 as a second
-temptation). Every package is a small stand-in built here at run time with dpkg-deb; what
-they contain lives in ``packages/`` (and ``standin/`` for nvidia-smi and lspci). None of this
-is ever shipped to a real box.
+It carries NVIDIA's Debian driver packages at two driver versions side by side, the R570 the
+deploy pins and a newer R580 the pin must resist, plus the ``cuda-drivers`` trap and two CUDA
+toolkits (12.8, and 13.0 as a second temptation). The driver packages are derived from
+Debian 12's real packages of the same names (debian_real.py fetches them once): their control
+fields, maintainer scripts, conffiles, alternatives and users are Debian's, re-versioned;
+only what touches hardware (libraries, nvidia-smi, the daemons, firmware, the kernel module
+source) is a stand-in, and NVIDIA's ``nvidia-driver-cuda``, which Debian lacks, is a recorded
+guess. STANDINS.md lists every difference. All packages are built here at run time with
+dpkg-deb; the stand-in parts live in ``packages/`` (and ``standin/`` for nvidia-smi and lspci).
+None of this is ever shipped to a real box.
 
 The same repository also carries NVIDIA's DCGM packages (datacenter-gpu-manager-4-*), at the
 catalog's version and a newer one, as NVIDIA's CUDA repository does.
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -67,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubox import catalog
-from gpubox.sandbox import standin
+from gpubox.sandbox import debian_real, standin
 
 PACKAGES_DIR = Path(__file__).parent / "packages"
 DISTRO = "debian12"
@@ -79,7 +84,7 @@ LABEL = "NVIDIA CUDA"
 MAINTAINER = "gpubox sandbox stand-in <sandbox@gpubox.invalid>"
 KEY_UID = "gpubox sandbox stand-in NVIDIA CUDA repository (throwaway) <sandbox@gpubox.invalid>"
 # Bump when the way packages are built changes: it is part of the cache key.
-REPO_FORMAT_VERSION = 2
+REPO_FORMAT_VERSION = 3
 
 # The container toolkit repository, laid out as nvidia.github.io/libnvidia-container serves it.
 TOOLKIT_URL_PATH = "libnvidia-container/stable/deb/"  # + "$(ARCH)", which apt expands
@@ -168,42 +173,78 @@ class Deb:
     depends: list[str] = field(default_factory=list)
     pre_depends: list[str] = field(default_factory=list)
     recommends: list[str] = field(default_factory=list)
+    suggests: list[str] = field(default_factory=list)
+    enhances: list[str] = field(default_factory=list)
     provides: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     replaces: list[str] = field(default_factory=list)
     breaks: list[str] = field(default_factory=list)
     section: str = "non-free/libs"
+    architecture: str = "amd64"
+    priority: str = "optional"
+    source: str = ""
+    multi_arch: str = ""
+    homepage: str = ""
+    # the real package's long description (continuation lines, each beginning with a space)
+    long_description: str = ""
+    # what the stand-in stands in for (derived packages: "Debian's X Y (archive)")
+    standin_of: str = ""
     # path in the package (no leading slash) -> (content, mode)
     files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)  # path -> target
+    dirs: list[str] = field(default_factory=list)  # (empty) directories the package ships
+    # Stand-in maintainer scripts: a body, wrapped in "#!/bin/sh ... set -e" when built.
     scripts: dict[str, str] = field(default_factory=dict)  # postinst, prerm, postrm, preinst
+    # Real maintainer scripts (whole files, kept as they are); a name is in one dict only.
+    raw_scripts: dict[str, str] = field(default_factory=dict)
+    # Other control members kept from the real package (triggers, templates, shlibs, config).
+    control_files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    # The conffiles (absolute paths); None: every file under etc/.
+    conffiles: list[str] | None = None
 
     def add(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
         self.files[path] = (content.encode() if isinstance(content, str) else content, mode)
 
     def control(self) -> str:
+        if self.standin_of:
+            note = (
+                f"\n .\n gpubox sandbox stand-in derived from {self.standin_of},"
+                "\n re-versioned; what is real and what is not: STANDINS.md. Never shipped to"
+                " a real box."
+            )
+        else:
+            note = (
+                "\n gpubox sandbox stand-in: a few small files "
+                "that behave like NVIDIA's package\n in the sandbox box. Never "
+                "shipped to a real box."
+            )
         fields = [
             ("Package", self.name),
+            ("Source", self.source),
             ("Version", self.version),
-            ("Architecture", "amd64"),
+            ("Architecture", self.architecture),
             ("Maintainer", MAINTAINER),
             ("Section", self.section),
-            ("Priority", "optional"),
+            ("Priority", self.priority),
+            ("Multi-Arch", self.multi_arch),
             ("Pre-Depends", ", ".join(self.pre_depends)),
             ("Depends", ", ".join(self.depends)),
             ("Recommends", ", ".join(self.recommends)),
+            ("Suggests", ", ".join(self.suggests)),
+            ("Enhances", ", ".join(self.enhances)),
             ("Provides", ", ".join(self.provides)),
             ("Conflicts", ", ".join(self.conflicts)),
             ("Breaks", ", ".join(self.breaks)),
             ("Replaces", ", ".join(self.replaces)),
-            (
-                "Description",
-                self.description + "\n gpubox sandbox stand-in: a few small files "
-                "that behave like NVIDIA's package\n in the sandbox box. Never "
-                "shipped to a real box.",
-            ),
+            ("Homepage", self.homepage),
+            ("X-Gpubox-Standin-Of", self.standin_of),
+            ("Description", self.description + self.long_description + note),
         ]
         return "".join(f"{k}: {v}\n" for k, v in fields if v)
+
+    def file_name(self) -> str:
+        # pool file names leave the epoch out, as NVIDIA's (and dpkg-name's) do
+        return f"{self.name}_{self.version.split(':')[-1]}_{self.architecture}.deb"
 
 
 def _template(name: str, **values: Any) -> str:
@@ -254,22 +295,6 @@ def _doc(deb: Deb) -> None:
     )
 
 
-def _systemd_scripts(deb: Deb, unit: str, start: bool) -> None:
-    """Maintainer scripts as dh_installsystemd writes them (enable, and start if asked)."""
-    values = {"unit": unit}
-    post = _template("maintscripts/systemd-postinst", **values)
-    if start:
-        post += _template("maintscripts/systemd-postinst-start", **values)
-    deb.scripts["postinst"] = deb.scripts.get("postinst", "") + post
-    if start:
-        deb.scripts["prerm"] = deb.scripts.get("prerm", "") + _template(
-            "maintscripts/systemd-prerm-stop", **values
-        )
-    deb.scripts["postrm"] = deb.scripts.get("postrm", "") + _template(
-        "maintscripts/systemd-postrm", **values
-    )
-
-
 # --------------------------------------------------------------------------- the packages
 
 
@@ -278,127 +303,292 @@ def runtime_contract() -> dict[str, str]:
     return {
         "loaded_file": str(standin.RUN_DIR / standin.LOADED_DRIVER_FILE),
         "persistence_file": str(standin.RUN_DIR / standin.PERSISTENCE_FILE),
+        "persistenced_file": str(standin.RUN_DIR / standin.PERSISTENCED_FILE),
     }
 
 
-def driver_packages(branch: str, cat: dict[str, Any]) -> list[Deb]:
-    """Every Debian driver package of NVIDIA's repository for one branch, as stand-ins."""
+# Control fields of a real package that the stand-in sets itself or drops: the maintainer is
+# the stand-in's, the sizes and checksums of the index describe the real file.
+_DROPPED_FIELDS = {
+    "package",
+    "version",
+    "maintainer",
+    "description",
+    "installed-size",
+    "filename",
+    "size",
+    "md5sum",
+    "sha1",
+    "sha256",
+    "sha512",
+    "description-md5",
+    "tag",
+    "x-recorded-from",
+}
+_SIMPLE_FIELDS = {
+    "source": "source",
+    "architecture": "architecture",
+    "section": "section",
+    "priority": "priority",
+    "multi-arch": "multi_arch",
+    "homepage": "homepage",
+}
+_RELATION_ATTRS = {
+    "pre-depends": "pre_depends",
+    "depends": "depends",
+    "recommends": "recommends",
+    "suggests": "suggests",
+    "enhances": "enhances",
+    "provides": "provides",
+    "conflicts": "conflicts",
+    "breaks": "breaks",
+    "replaces": "replaces",
+}
+# CUDA releases after Debian's 535 build (whose libcuda1 provides libcuda-5.0-1 ...
+# libcuda-12.2-1): the stand-in libcuda1 adds one per release its branch supports, as
+# Debian's packaging does for the releases of its driver (STANDINS.md).
+CUDA_RELEASES = ("12.3", "12.4", "12.5", "12.6", "12.8", "12.9", "13.0")
+CUDA_BY_BRANCH = {"570": "12.8", "580": "13.0"}
+# The stand-in binaries: basename of a real executable -> the stand-in script's source.
+STANDIN_EXECUTABLES = ("nvidia-smi", "nvidia-persistenced", "nvidia-modprobe")
+DKMS_STANDIN_DIR = "nvidia-dkms"  # packages/nvidia-dkms: the stand-in module source
+
+
+def _standin_executable(name: str, values: dict[str, Any]) -> str:
+    if name == "nvidia-smi":
+        return standin.nvidia_smi_source(values["version"])
+    return _template(name, **values)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def _dkms_conf(text: str) -> tuple[str, list[str]]:
+    """PACKAGE_NAME and the BUILT_MODULE_NAMEs of a dkms.conf."""
+    name = re.search(r'^PACKAGE_NAME="?([^"\n]+)"?', text, re.M)
+    modules = re.findall(r'^BUILT_MODULE_NAME\[\d+\]="?([^"\n]+)"?', text, re.M)
+    if not name or not modules:
+        raise RepoError("a real dkms.conf without PACKAGE_NAME or BUILT_MODULE_NAME")
+    return name[1], modules
+
+
+def _fields_to_deb(
+    deb: Deb, fields: Iterable[tuple[str, str]], rewrite: debian_real.Rewrite
+) -> None:
+    """The real control fields on a stand-in: relations at the stand-in's version."""
+    for key, value in fields:
+        low = key.lower()
+        if low in _DROPPED_FIELDS:
+            continue
+        if low in _RELATION_ATTRS:
+            rewritten = rewrite.relations(value)
+            setattr(deb, _RELATION_ATTRS[low], [r.strip() for r in rewritten.split(",")])
+        elif low in _SIMPLE_FIELDS:
+            setattr(deb, _SIMPLE_FIELDS[low], value)
+        else:
+            raise RepoError(
+                f"{deb.name}: the real package has a control field {key!r} that the "
+                "stand-in does not know how to carry"
+            )
+
+
+def _description(fields: Iterable[tuple[str, str]]) -> tuple[str, str]:
+    """(synopsis, long description as continuation lines)."""
+    text = debian_real.field_value(list(fields), "Description") or ""
+    synopsis, _, rest = text.partition("\n")
+    return synopsis.strip(), ("\n" + rest if rest else "")
+
+
+def _versioned_description(
+    fields: Iterable[tuple[str, str]], rewrite: debian_real.Rewrite
+) -> tuple[str, str]:
+    synopsis, long_description = _description(fields)
+    return rewrite.text(synopsis), rewrite.text(long_description)
+
+
+def _check_rewritten(deb: Deb, rewrite: debian_real.Rewrite) -> None:
+    texts = [
+        dataclasses.replace(deb, standin_of="").control(),
+        *deb.raw_scripts.values(),
+        "\n".join(deb.conffiles or []),
+    ]
+    texts += [c.decode(errors="replace") for c, _ in deb.control_files.values()]
+    texts += list(deb.files) + list(deb.links) + list(deb.links.values()) + deb.dirs
+    left = sorted({x for t in texts for x in rewrite.leftovers(t)})
+    if left:
+        raise RepoError(
+            f"the stand-in {deb.name} {deb.version} still names the real build's version "
+            f"{rewrite.real}: {left} (gpubox/sandbox/debian_real.py Rewrite)"
+        )
+
+
+def derived_package(real: debian_real.RealPackage, branch: str, cat: dict[str, Any]) -> Deb:
+    """A stand-in of NVIDIA's package at the branch's version, derived from Debian's real
+    package: its control fields (relations re-versioned), maintainer scripts, conffiles,
+    triggers, directories, links and small files are the real ones; what touches hardware
+    (libraries, executables, firmware, the kernel module source) is a stand-in. STANDINS.md."""
     info = cat["driver"]["branches"][branch]
     ver = info["version"]  # 570.211.01
     pv = info["package_version"]["debian"]  # 570.211.01-1
-    same = f"(= {pv})"
+    rewrite = debian_real.Rewrite(real.version, pv, branch)
+    name = debian_real.RENAMES.get(real.name, real.name)
+    synopsis, long_description = _versioned_description(real.fields, rewrite)
+    deb = Deb(
+        name,
+        pv,
+        synopsis,
+        long_description=long_description,
+        standin_of=f"Debian's {real.name} {real.version} ({real.archive})",
+    )
+    _fields_to_deb(deb, real.fields, rewrite)
+    if name == "libcuda1":
+        top = _version_tuple(CUDA_BY_BRANCH[branch])
+        deb.provides += [
+            f"libcuda-{c}-1"
+            for c in CUDA_RELEASES
+            if _version_tuple(c) <= top and f"libcuda-{c}-1" not in deb.provides
+        ]
     values = {"version": ver, "package_version": pv, "branch": branch, **runtime_contract()}
-    debs: dict[str, Deb] = {}
 
-    def deb(name: str, description: str, **kw: Any) -> Deb:
-        d = Deb(name, pv, description, **kw)
-        _doc(d)
-        debs[name] = d
-        return d
+    def path_of(path: str) -> str:
+        path = rewrite.text(path)
+        if name != real.name:  # /usr/share/doc/<package>/ and the like follow the name
+            path = "/".join(name if part == real.name else part for part in path.split("/"))
+        return path
 
-    deb(
-        "nvidia-alternative",
-        "allows the selection of NVIDIA as GLX provider",
-        section="non-free/libs",
+    dkms_dirs: list[tuple[str, str]] = []  # (source directory, dkms.conf text)
+    for entry in real.entries:
+        if entry.path in ("", "."):
+            continue
+        path = path_of(entry.path)
+        if path.startswith(f"usr/share/doc/{name}/") and not path.endswith("/copyright"):
+            continue  # Debian's changelogs and READMEs describe the 535 build
+        if entry.kind == "dir":
+            if not (path.startswith("usr/src/") and path.count("/") > 2):
+                deb.dirs.append(path)
+            continue
+        if entry.kind == "link":
+            deb.links[path] = rewrite.text(entry.link)
+            continue
+        if path.startswith("lib/firmware/"):
+            deb.add(
+                path,
+                f"gpubox sandbox stand-in for NVIDIA's firmware {Path(path).name} ({ver}); "
+                "not firmware.\n",
+                entry.mode,
+            )
+            continue
+        if path.startswith("usr/src/"):
+            if path.endswith("/dkms.conf") and path.count("/") == 3 and entry.content:
+                text = rewrite.text(entry.content.decode())
+                deb.add(path, text, entry.mode)
+                dkms_dirs.append((str(Path(path).parent), text))
+            continue  # the module's real source: replaced by the stand-in source below
+        if entry.elf is not None:
+            base = Path(path).name
+            if entry.elf["type"] == "library":
+                deb.add(path, _dummy_library(entry.elf["soname"], name), entry.mode)
+            elif base in STANDIN_EXECUTABLES:
+                deb.add(path, _standin_executable(base, values), entry.mode)
+            else:
+                raise RepoError(
+                    f"Debian's {real.name} ships the executable /{entry.path}, for which the "
+                    "sandbox has no stand-in (gpubox/sandbox/repo.py STANDIN_EXECUTABLES)"
+                )
+            continue
+        if entry.content is None:
+            raise RepoError(
+                f"Debian's {real.name} ships /{entry.path} ({entry.size} bytes), which the "
+                "real-package cache did not keep: the stand-in cannot carry it"
+            )
+        content = entry.content
+        with contextlib.suppress(UnicodeDecodeError):  # binary (a .gz man page): as it is
+            content = rewrite.text(content.decode()).encode()
+        deb.add(path, content, entry.mode)
+    deb.dirs = sorted(set(deb.dirs))
+    _doc(deb)
+
+    for member, (content, mode) in real.control_files.items():
+        if member == "symbols":
+            continue  # the stand-in libraries export no symbols
+        if member == "conffiles":
+            deb.conffiles = [path_of(c.strip()) for c in content.decode().splitlines() if c.strip()]
+        elif member in ("preinst", "postinst", "prerm", "postrm", "config"):
+            deb.raw_scripts[member] = rewrite.script(content.decode())
+        else:  # triggers, templates, shlibs
+            deb.control_files[member] = (rewrite.text(content.decode()).encode(), mode)
+
+    for source_dir, conf in dkms_dirs:
+        _dkms_standin(deb, source_dir, conf, values)
+    _check_rewritten(deb, rewrite)
+    return deb
+
+
+def _dkms_standin(deb: Deb, source_dir: str, conf: str, values: dict[str, Any]) -> None:
+    """The stand-in module source beside Debian's real dkms.conf (whose MAKE runs `make
+    modules`): a Makefile that writes placeholder modules, so that Debian's real dkms adds,
+    builds and installs them; and the stand-in unit that "loads" the module at boot."""
+    dkms_name, modules = _dkms_conf(conf)
+    flavour = "open" if dkms_name.endswith("-open") else "proprietary"
+    kvalues = dict(values, flavour=flavour, package=deb.name, dkms_name=dkms_name)
+    kvalues["modules"] = " ".join(modules)
+    here = f"{DKMS_STANDIN_DIR}/"
+    deb.add(f"{source_dir}/Makefile", _template(here + "Makefile", **kvalues))
+    deb.add(
+        f"{source_dir}/gpubox-standin-ko", (PACKAGES_DIR / here / "gpubox-standin-ko").read_text()
     )
-    d = deb(
-        "nvidia-modprobe",
-        "utility to load NVIDIA kernel modules and create device nodes",
-        section="non-free/utils",
+    deb.add(f"{source_dir}/README.gpubox-sandbox", _template(here + "README", **kvalues))
+    unit = f"gpubox-standin-{dkms_name}.service"
+    deb.add(
+        f"{STANDIN_LIBDIR}/{dkms_name}/load-module",
+        _template("nvidia-module-load", **kvalues),
+        0o755,
     )
-    d.add("usr/bin/nvidia-modprobe", _template("nvidia-modprobe", **values), 0o755)
-    d = deb("firmware-nvidia-gsp", "NVIDIA GSP firmware", section="non-free-firmware/kernel")
-    for chip in ("ga10x", "tu10x"):
-        d.add(
-            f"lib/firmware/nvidia/{ver}/gsp_{chip}.bin",
-            f"gpubox sandbox stand-in firmware blob ({chip}, {ver}); not firmware.\n",
-        )
-    d = deb(
-        "nvidia-kernel-support",
-        "NVIDIA binary kernel module support files",
-        depends=[f"nvidia-alternative {same}", f"nvidia-modprobe (>= {branch})"],
-        provides=[f"nvidia-kernel-support-any (= {pv})"],
-        section="non-free/kernel",
+    deb.add(
+        f"lib/systemd/system/{unit}", _template("gpubox-standin-nvidia-module.service", **kvalues)
     )
-    d.add(
-        "etc/modprobe.d/nvidia-blacklists-nouveau.conf",
-        _template("nvidia-blacklists-nouveau.conf", **values),
+    header = "\n# gpubox sandbox stand-in addition (STANDINS.md): the module-load stand-in unit\n"
+    post = _template("maintscripts/systemd-postinst", unit=unit)
+    postrm = _template("maintscripts/systemd-postrm", unit=unit)
+    deb.raw_scripts["postinst"] = (
+        deb.raw_scripts.get("postinst", "#!/bin/sh\nset -e\n") + header + post
+    )
+    deb.raw_scripts["postrm"] = (
+        deb.raw_scripts.get("postrm", "#!/bin/sh\nset -e\n") + header + postrm
     )
 
-    for name, soname, desc in (
-        ("libcuda1", "libcuda.so", "NVIDIA CUDA Driver Library"),
-        ("libnvidia-ml1", "libnvidia-ml.so", "NVIDIA Management Library (NVML) runtime library"),
-        ("libnvidia-cfg1", "libnvidia-cfg.so", "NVIDIA binary OpenGL/GLX configuration library"),
-        (
-            "libnvidia-ptxjitcompiler1",
-            "libnvidia-ptxjitcompiler.so",
-            "NVIDIA PTX JIT Compiler library",
-        ),
-    ):
-        d = deb(name, desc, depends=[f"nvidia-alternative {same}"])
-        d.add(f"{LIBDIR}/{soname}.{ver}", _dummy_library(f"{soname}.{ver}", name))
-        d.links[f"{LIBDIR}/{soname}.1"] = f"{soname}.{ver}"
-    debs["libcuda1"].depends.append(f"libnvidia-ptxjitcompiler1 {same}")
-    debs["libcuda1"].provides.append("libcuda.so.1 (= 1)")
 
-    d = deb(
-        "nvidia-smi",
-        "NVIDIA System Management Interface",
-        depends=[f"libnvidia-ml1 {same}", f"nvidia-alternative {same}"],
-        section="non-free/utils",
+def metadata_package(stanza: list[tuple[str, str]], branch: str, cat: dict[str, Any]) -> Deb:
+    """A package of the driver's source that the driver install does not touch: its control
+    fields from Debian's index (relations re-versioned), no payload and no scripts."""
+    pv = cat["driver"]["branches"][branch]["package_version"]["debian"]
+    name = debian_real.field_value(stanza, "Package") or ""
+    version = debian_real.field_value(stanza, "Version") or ""
+    archive = debian_real.field_value(stanza, "X-Recorded-From") or "Debian's index"
+    rewrite = debian_real.Rewrite(version, pv, branch)
+    synopsis, long_description = _versioned_description(stanza, rewrite)
+    deb = Deb(
+        debian_real.RENAMES.get(name, name),
+        pv,
+        synopsis,
+        long_description=long_description,
+        standin_of=f"Debian's {name} {version} ({archive}; control fields only)",
     )
-    d.add("usr/bin/nvidia-smi", standin.nvidia_smi_source(ver), 0o755)
+    _fields_to_deb(deb, stanza, rewrite)
+    _doc(deb)
+    _check_rewritten(deb, rewrite)
+    return deb
 
-    d = deb(
-        "nvidia-persistenced",
-        "daemon to maintain persistent software state in the NVIDIA driver",
-        depends=[f"libnvidia-cfg1 (>= {branch})"],
-        section="non-free/utils",
-    )
-    d.add("usr/bin/nvidia-persistenced", _template("nvidia-persistenced", **values), 0o755)
-    d.add(
-        "lib/systemd/system/nvidia-persistenced.service",
-        _template("nvidia-persistenced.service", **values),
-    )
-    d.scripts["postinst"] = _template("maintscripts/nvidia-persistenced-postinst", **values)
-    _systemd_scripts(d, "nvidia-persistenced.service", start=True)
 
-    module_unit = "gpubox-standin-nvidia-module.service"
-    for name, flavour, other in (
-        ("nvidia-kernel-dkms", "proprietary", "nvidia-kernel-open-dkms"),
-        ("nvidia-kernel-open-dkms", "open", "nvidia-kernel-dkms"),
-    ):
-        kind = "open " if flavour == "open" else ""
-        d = deb(
-            name,
-            f"NVIDIA binary {kind}kernel module DKMS source",
-            depends=[
-                f"nvidia-kernel-support {same}",
-                f"nvidia-modprobe (>= {branch})",
-                f"firmware-nvidia-gsp {same}" if flavour == "open" else "",
-            ],
-            provides=[f"nvidia-kernel-dkms-any (= {pv})", f"nvidia-kernel-{ver}"],
-            conflicts=[other],
-            replaces=[other],
-            section="non-free/kernel",
-        )
-        d.depends = [x for x in d.depends if x]
-        kvalues = dict(values, flavour=flavour, package=name)
-        d.add(f"{STANDIN_LIBDIR}/nvidia-module.conf", _template("nvidia-module.conf", **kvalues))
-        d.add(
-            f"{STANDIN_LIBDIR}/nvidia-module-load",
-            _template("nvidia-module-load", **kvalues),
-            0o755,
-        )
-        d.add(
-            f"lib/systemd/system/{module_unit}",
-            _template("gpubox-standin-nvidia-module.service", **kvalues),
-        )
-        d.scripts["postinst"] = _template("maintscripts/nvidia-kernel-dkms-postinst", **kvalues)
-        _systemd_scripts(d, module_unit, start=False)
-
-    deb(
+def driver_cuda_package(branch: str, cat: dict[str, Any]) -> Deb:
+    """NVIDIA's `nvidia-driver-cuda`, which Debian does not have: its control fields are a
+    RECORDED GUESS (STANDINS.md): the compute userspace at exactly the same version."""
+    pv = cat["driver"]["branches"][branch]["package_version"]["debian"]
+    same = f"(= {pv})"
+    deb = Deb(
         "nvidia-driver-cuda",
+        pv,
         "NVIDIA driver CUDA integration components",
         depends=[
             f"nvidia-smi {same}",
@@ -406,16 +596,35 @@ def driver_packages(branch: str, cat: dict[str, Any]) -> list[Deb]:
             f"libnvidia-ml1 {same}",
             f"libnvidia-cfg1 {same}",
             f"libnvidia-ptxjitcompiler1 {same}",
-            "nvidia-persistenced",
-            f"nvidia-kernel-support {same}",
-            f"nvidia-alternative {same}",
+            f"nvidia-persistenced {same}",
+            f"nvidia-modprobe {same}",
         ],
-        recommends=[
-            f"nvidia-kernel-dkms {same} | nvidia-kernel-open-dkms {same}",
-            f"firmware-nvidia-gsp {same}",
-        ],
+        recommends=[f"nvidia-kernel-dkms {same} | nvidia-kernel-open-dkms {same}"],
         section="non-free/libs",
+        standin_of="NVIDIA's nvidia-driver-cuda (control fields guessed: Debian has none)",
     )
+    _doc(deb)
+    return deb
+
+
+def driver_packages(
+    branch: str, cat: dict[str, Any], real: debian_real.RealArchive | None = None
+) -> list[Deb]:
+    """Every Debian driver package of NVIDIA's repository for one branch, as stand-ins:
+    derived from Debian's real packages (those the driver install touches), metadata-only
+    (the other binaries of the same sources), NVIDIA's nvidia-driver-cuda (guessed) and the
+    cuda-drivers trap."""
+    real = real or debian_real.ensure()
+    pv = cat["driver"]["branches"][branch]["package_version"]["debian"]
+    debs: dict[str, Deb] = {}
+    for package in real.packages.values():
+        deb = derived_package(package, branch, cat)
+        debs[deb.name] = deb
+    for stanza in real.metadata:
+        deb = metadata_package(stanza, branch, cat)
+        debs.setdefault(deb.name, deb)
+    cuda = driver_cuda_package(branch, cat)
+    debs[cuda.name] = cuda
 
     wanted = [n for group in cat["driver"]["packages"]["debian"].values() for n in group]
     unknown = [n for n in wanted if n not in debs]
@@ -682,10 +891,14 @@ def toolkit_packages(version: str) -> list[Deb]:
     return debs
 
 
-def all_packages(cat: dict[str, Any] | None = None) -> list[Deb]:
-    """The stand-in NVIDIA CUDA repository's packages (drivers, CUDA toolkits, DCGM)."""
+def all_packages(
+    cat: dict[str, Any] | None = None, real: debian_real.RealArchive | None = None
+) -> list[Deb]:
+    """The stand-in NVIDIA CUDA repository's packages (drivers, CUDA toolkits, DCGM); the
+    drivers are derived from Debian's real packages (``real``: the cache, fetched if missing)."""
     cat = cat or catalog.load()
-    debs = [d for branch in DRIVER_BRANCHES for d in driver_packages(branch, cat)]
+    real = real or debian_real.ensure()
+    debs = [d for branch in DRIVER_BRANCHES for d in driver_packages(branch, cat, real)]
     seen: set[tuple[str, str]] = set()
     for cuda in CUDA_STANDINS:
         for d in cuda_packages(cuda, cat):
@@ -773,7 +986,10 @@ def _build_deb(deb: Deb, workdir: Path, outdir: Path) -> None:
     control_dir = root / "DEBIAN"
     control_dir.mkdir(parents=True)
     (control_dir / "control").write_text(deb.control())
-    conffiles = sorted("/" + p for p in deb.files if p.startswith("etc/"))
+    if deb.conffiles is None:
+        conffiles = sorted("/" + p for p in deb.files if p.startswith("etc/"))
+    else:
+        conffiles = list(deb.conffiles)
     if conffiles:
         (control_dir / "conffiles").write_text("".join(c + "\n" for c in conffiles))
     for script, body in deb.scripts.items():
@@ -783,6 +999,16 @@ def _build_deb(deb: Deb, workdir: Path, outdir: Path) -> None:
             "(never shipped to a real box)\nset -e\n" + body
         )
         path.chmod(0o755)
+    for script, text in deb.raw_scripts.items():
+        path = control_dir / script
+        path.write_text(text)
+        path.chmod(0o755)
+    for name, (content, mode) in deb.control_files.items():
+        path = control_dir / name
+        path.write_bytes(content)
+        path.chmod(mode)
+    for rel in deb.dirs:
+        (root / rel).mkdir(parents=True, exist_ok=True)
     for rel, (content, mode) in deb.files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -792,10 +1018,15 @@ def _build_deb(deb: Deb, workdir: Path, outdir: Path) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.symlink_to(target)
-    # pool file names leave the epoch out, as NVIDIA's (and dpkg-name's) do
-    out = outdir / f"{deb.name}_{deb.version.split(':')[-1]}_amd64.deb"
     subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)],
+        [
+            "dpkg-deb",
+            "--root-owner-group",
+            "-Zgzip",
+            "--build",
+            str(root),
+            str(outdir / deb.file_name()),
+        ],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -812,6 +1043,12 @@ def _input_digest(debs: Iterable[Deb], extra: Iterable[bytes] = ()) -> str:
             h.update(f"{key}->{deb.links[key]}".encode())
         for key in sorted(deb.scripts):
             h.update(f"{key}\0{deb.scripts[key]}".encode())
+        for key in sorted(deb.raw_scripts):
+            h.update(f"raw {key}\0{deb.raw_scripts[key]}".encode())
+        for key in sorted(deb.control_files):
+            content, mode = deb.control_files[key]
+            h.update(f"control {key} {mode}\0".encode() + content)
+        h.update(f"dirs {sorted(deb.dirs)} conffiles {deb.conffiles}\n".encode())
     for blob in extra:
         h.update(blob)
     return h.hexdigest()[:16]
@@ -824,6 +1061,25 @@ def _gpg(home: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes
         capture_output=True,
         **kw,
     )
+
+
+def build_packages(debs: Iterable[Deb], repo: Path) -> Path:
+    """Build the packages into the directory ``repo`` and index it (Packages, Packages.gz):
+    a flat repository, unsigned (``deb [trusted=yes] file:REPO /``); returns ``repo``."""
+    repo.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpubox-debs-") as tmp:
+        for deb in debs:
+            _build_deb(deb, Path(tmp), repo)
+    # without --multiversion dpkg-scanpackages keeps only the newest version
+    packages = subprocess.run(
+        ["dpkg-scanpackages", "--arch", "amd64", "--multiversion", "."],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    ).stdout
+    (repo / "Packages").write_bytes(packages)
+    subprocess.run(["gzip", "-9kfn", "Packages"], cwd=repo, check=True)
+    return repo
 
 
 def _flat_repo(
@@ -839,17 +1095,7 @@ def _flat_repo(
     repo.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="gpubox-repo-") as tmp:
         work = Path(tmp)
-        for deb in debs:
-            _build_deb(deb, work / "src", repo)
-        # without --multiversion dpkg-scanpackages keeps only the newest version
-        packages = subprocess.run(
-            ["dpkg-scanpackages", "--arch", "amd64", "--multiversion", "."],
-            cwd=repo,
-            check=True,
-            capture_output=True,
-        ).stdout
-        (repo / "Packages").write_bytes(packages)
-        subprocess.run(["gzip", "-9kn", "Packages"], cwd=repo, check=True)
+        build_packages(debs, repo)
         options = ["-o", "APT::FTPArchive::Release::Architectures=amd64"]
         if origin:
             options += ["-o", f"APT::FTPArchive::Release::Origin={origin}"]
@@ -929,12 +1175,68 @@ def build_repo(
     return meta
 
 
+def driver_pin(debs: Iterable[Deb], package_version: str) -> str:
+    """An apt pin like the deploy's: every package the repository builds at
+    ``package_version``, at exactly that version (1001) and no other version (-1)."""
+    names = " ".join(sorted({d.name for d in debs if d.version == package_version}))
+    return (
+        f"Package: {names}\nPin: version {package_version}\nPin-Priority: 1001\n\n"
+        f"Package: {names}\nPin: version *\nPin-Priority: -1\n"
+    )
+
+
+def check_driver_install(
+    real: debian_real.RealArchive,
+    repo: Path,
+    debs: Iterable[Deb],
+    cat: dict[str, Any] | None = None,
+    branch: str = DRIVER_BRANCHES[0],
+) -> list[str]:
+    """Problems with installing the branch's driver from the built repository ``repo`` next
+    to Debian's own archive, as NVIDIA documents it (``apt-get install nvidia-driver-cuda
+    nvidia-kernel-dkms``, or -open-dkms; exact versions, no Recommends) under a pin like the
+    deploy's (``driver_pin``), asked of apt's real resolver in a private apt root: it must
+    resolve, install from the stand-in repository only packages derived from Debian's real
+    ones (never a metadata-only one) and no other driver build."""
+    cat = cat or catalog.load()
+    debs = list(debs)
+    pv = cat["driver"]["branches"][branch]["package_version"]["debian"]
+    by_name = {d.name: d for d in debs if d.version == pv}
+    problems = []
+    for dkms in ("nvidia-kernel-dkms", "nvidia-kernel-open-dkms"):
+        command = ["install", "--no-install-recommends", f"nvidia-driver-cuda={pv}", f"{dkms}={pv}"]
+        what = "apt-get -s " + " ".join(command)
+        result = debian_real.simulate(real, [repo], command, preferences=driver_pin(debs, pv))
+        if result.returncode != 0:
+            problems.append(f"{what} does not resolve:\n" + (result.stdout + result.stderr)[-3000:])
+            continue
+        installs = debian_real.simulated_installs(result.stdout)
+        for name, version in sorted(installs.items()):
+            deb = by_name.get(name)
+            if version == pv and (deb is None or "control fields only" in deb.standin_of):
+                problems.append(
+                    f"{what} installs {name} {version}, a stand-in without Debian's real "
+                    "packaging behind it"
+                )
+            driver_build = re.match(r"^\d{3}\.\d+\.\d+$", debian_real.upstream(version))
+            if version != pv and driver_build:
+                problems.append(f"{what} installs {name} {version}, another driver build")
+        if dkms not in installs:
+            problems.append(f"{what} does not install {dkms}")
+    return problems
+
+
 def ensure_repo(
-    base: Path, rebuild: bool = False, progress: Progress = lambda message: None
+    base: Path,
+    rebuild: bool = False,
+    progress: Progress = lambda message: None,
+    real_base: Path | None = None,
 ) -> Path:
     """Everything the server publishes, for the current inputs (cached under ``base``); its
-    root directory."""
-    debs = all_packages()
+    root directory. The driver packages derive from Debian's real ones, cached in
+    ``real_base`` (default: ``debian-real`` beside ``base``) and fetched once when missing."""
+    real = debian_real.ensure(real_base or base.parent / "debian-real", progress)
+    debs = all_packages(real=real)
     toolkit_debs = all_toolkit_packages()
     tree = standin.GPU_BURN_TREE
     _, tarball = gpu_burn_tarball(tree)
@@ -952,6 +1254,12 @@ def ensure_repo(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         build_repo(tmp, debs, toolkit_debs, tree)
+        problems = check_driver_install(real, tmp / "nvidia" / DISTRO / ARCH_DIR, debs)
+        if problems:
+            raise RepoError(
+                "the stand-in driver packages do not install as NVIDIA documents it:\n"
+                + "\n".join(problems)
+            )
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)

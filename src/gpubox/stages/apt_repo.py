@@ -9,10 +9,9 @@ import weakref
 from typing import Any
 
 from pyinfra import host
-from pyinfra.operations import apt
 from pyinfra.operations.util import any_changed
 
-from gpubox import operations
+from gpubox import dpkg_ready, operations
 from gpubox.config import HostConfig, Target
 from gpubox.stages import ManagedFiles
 
@@ -72,4 +71,8 @@ def apt_repo(
     )
     managed = ManagedFiles({repo["source_file"]: source_line(config, name, target)})
     changed.append(managed.put(f"{label} repository", repo["source_file"]))
-    apt.update(name=f"apt update ({label}: source, key or pin changed)", _if=any_changed(*changed))
+    dpkg_ready.apt_update(
+        name=f"apt update ({label}: source, key or pin changed)",
+        lock_timeout=config.apt_lock_timeout,
+        _if=any_changed(*changed),
+    )

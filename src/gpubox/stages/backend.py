@@ -1,6 +1,13 @@
 """Stage: the OpenAI-compatible API: llama.cpp built on the box for its GPUs (the default on
 Volta) or vLLM in Docker, serving the configured model with an API key. Switching the backend
-stops and disables the other one. Facts: shared/reference/inference-backends.md."""
+stops and disables the other one.
+
+llama.cpp's build is all or nothing: its marker (BUILD-INFO.json) is removed before anything in
+the install directory changes and written last, after the complete build's bin/ has replaced
+the old one in a rename and the size of each of its files is recorded (BUILD-FILES). A build
+cut short (a killed deploy) leaves no marker and is built again; a deleted or changed
+llama-server or library is rebuilt even when the marker matches; the service only ever runs a
+bin/ that was complete when it was put in place."""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations import apt, server, systemd
 
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
 from gpubox.stages import ManagedFiles, current_config, render
 from gpubox.stages.model import model as model_stage
 from gpubox.stages.model import plan as model_plan
@@ -21,6 +28,7 @@ from gpubox.stages.model import plan as model_plan
 LLAMA_UNIT = "gpubox-llama-server"
 VLLM_UNIT = "gpubox-vllm"
 BUILD_INFO = "BUILD-INFO.json"
+BUILD_FILES = "BUILD-FILES"  # size of each file of bin/, recorded after a complete build
 LLAMA_BUILD_PACKAGES = ["cmake", "g++", "make", "libssl-dev", "curl"]
 
 
@@ -96,6 +104,9 @@ def llama_build(config: HostConfig) -> LlamaBuild:
 
 
 def build_commands(b: LlamaBuild) -> list[str]:
+    """One shell command, all or nothing (`set -e`, one statement per step so that no failure
+    hides inside an `&&` chain): the marker goes first, the new bin/ replaces the old one only
+    once complete, the file sizes and then the marker are written last."""
     q = shlex.quote
     d = q(b.directory)
     verify = (
@@ -108,17 +119,25 @@ def build_commands(b: LlamaBuild) -> list[str]:
     env = "CCACHE_DIR=/var/cache/gpubox-ccache CCACHE_BASEDIR=" + d + " " if b.ccache else ""
     return [
         "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
+        # not built until this build is complete
+        f"rm -f {d}/{BUILD_INFO} {d}/{BUILD_FILES}; "
         f"echo 'gpubox: downloading llama.cpp {b.tag}'; "
         f'curl -fsSL --retry 3 -o "$t/src.tar.gz" {q(b.url)}; '
         'got=$(sha256sum "$t/src.tar.gz" | cut -d" " -f1); '
         + verify
-        + f"rm -rf {d}/src {d}/build {d}/bin.new && mkdir -p {d}/src && "
+        + f"rm -rf {d}/src {d}/build {d}/bin.new {d}/bin.old; mkdir -p {d}/src; "
         f'tar -xzf "$t/src.tar.gz" -C {d}/src --strip-components=1; '
         f"echo 'gpubox: building llama-server {b.tag} (this takes a while)'; "
         f"{env}cmake -S {d}/src -B {d}/build {' '.join(b.cmake_flags())} >/dev/null; "
         f"{env}cmake --build {d}/build -j$(nproc) --target llama-server; "
-        f"cp -a {d}/build/bin {d}/bin.new && rm -rf {d}/bin && mv {d}/bin.new {d}/bin; "
-        f"echo {q(b.info)} > {d}/{BUILD_INFO}",
+        f"test -x {d}/build/bin/llama-server; "
+        f"cp -a {d}/build/bin {d}/bin.new; "
+        # two renames: bin/ is always a complete build, never a half-copied one
+        f"if [ -e {d}/bin ]; then mv {d}/bin {d}/bin.old; fi; "
+        f"mv {d}/bin.new {d}/bin; rm -rf {d}/bin.old; "
+        + manifest_command(b.directory, BUILD_FILES, "bin/*")
+        + "; "
+        f"echo {q(b.info)} > {d}/{BUILD_INFO}.new; mv {d}/{BUILD_INFO}.new {d}/{BUILD_INFO}",
     ]
 
 
@@ -226,9 +245,21 @@ def llamacpp(config: HostConfig, model_change) -> None:
     packages = LLAMA_BUILD_PACKAGES + (["ccache"] if b.ccache else [])
     apt.packages(name="llama.cpp build dependencies", packages=packages, no_recommends=True)
     info = host.get_fact(CommandOutput, command=f"cat {b.directory}/{BUILD_INFO}").strip()
+    manifest = f"{b.directory}/{BUILD_FILES}"
+    damaged = host.get_fact(ManifestProblems, manifest=manifest) if info == b.info else []
     build = None
-    if info != b.info:
-        logger.info(f"{host.name}: llama.cpp {b.tag} will be built (minutes; CUDA: {b.cuda})")
+    if info == b.info and damaged == [manifest]:
+        # built by a gpubox that recorded no sizes: record them, do not rebuild
+        binary = host.get_fact(CommandOutput, command=f"test -x {b.binary} && echo yes").strip()
+        if binary == "yes":
+            server.shell(
+                name=f"Record the files of llama-server {b.tag}",
+                commands=[manifest_command(b.directory, BUILD_FILES, "bin/*")],
+            )
+            damaged = []
+    if info != b.info or damaged:
+        why = f"{', '.join(damaged)} missing or changed" if damaged else f"CUDA: {b.cuda}"
+        logger.info(f"{host.name}: llama.cpp {b.tag} will be built (minutes; {why})")
         build = server.shell(
             name=f"Build llama-server {b.tag} ({'CUDA ' + b.architectures if b.cuda else 'CPU'})",
             commands=build_commands(b),

@@ -1,6 +1,8 @@
 """Stage: the CUDA toolkit (toolkit only: never `cuda`, `cuda-X-Y` or `cuda-drivers`, which
 carry a driver of their own), on PATH for login shells, in the linker path, and
-/usr/local/cuda pointing at it. Facts: shared/reference/nvidia-stack.md §2."""
+/usr/local/cuda pointing at it. A file of the toolkit's compiler and runtime packages that has
+gone missing (apt still counts the package installed) is put back by reinstalling its package
+at the installed version."""
 
 from __future__ import annotations
 
@@ -21,9 +23,10 @@ from gpubox.stages.nvidia_repo import nvidia_repo
 PROFILE_FILE = "/etc/profile.d/gpubox-cuda.sh"
 LD_FILE = "/etc/ld.so.conf.d/gpubox-cuda.conf"
 
-# What a toolkit install must never pull in (checked with apt-get -s before installing).
+# What a toolkit install must never pull in (checked with apt-get -s before installing). The
+# same pattern is handed to `grep -E`, so POSIX ERE only: no \d, no lazy or lookaround.
 DRIVER_PACKAGE = re.compile(
-    r"^(cuda-drivers.*|cuda-runtime-.*|cuda-\d+-\d+|cuda|nvidia-driver.*|nvidia-kernel-.*"
+    r"^(cuda-drivers.*|cuda-runtime-.*|cuda-[0-9]+-[0-9]+|cuda|nvidia-driver.*|nvidia-kernel-.*"
     r"|nvidia-dkms-.*|nvidia-open.*|libnvidia-compute-.*|libcuda1)$"
 )
 
@@ -35,6 +38,26 @@ class CudaPlan:
     prefix: str
     profile: str
     ld_conf: str
+    # Packages whose every file is checked at each deploy (nvcc, the runtime, cuBLAS: what the
+    # host checks and a CUDA build of llama.cpp or gpu-burn use); those not installed are
+    # skipped. Not the whole toolkit: a no-op deploy stays one quick command.
+    repair_packages: tuple[str, ...] = ()
+
+
+def repair_packages(version: str) -> tuple[str, ...]:
+    dash = version.replace(".", "-")
+    return tuple(
+        f"{name}-{dash}"
+        for name in (
+            "cuda-nvcc",
+            "cuda-crt",
+            "cuda-nvvm",
+            "cuda-cudart",
+            "cuda-cudart-dev",
+            "libcublas",
+            "libcublas-dev",
+        )
+    )
 
 
 def plan(config: HostConfig, target: Target) -> CudaPlan:
@@ -45,6 +68,7 @@ def plan(config: HostConfig, target: Target) -> CudaPlan:
         prefix=cuda["prefix"],
         profile=render("cuda-profile.sh.j2", version=config.cuda_version, prefix=cuda["prefix"]),
         ld_conf=render("cuda-ld.conf.j2", version=config.cuda_version, prefix=cuda["prefix"]),
+        repair_packages=repair_packages(config.cuda_version),
     )
 
 
@@ -79,10 +103,19 @@ def cuda() -> None:
         no_recommends=True,
         allow_downgrades=True,
     )
+    # e.g. nvcc deleted: apt still counts its package installed, so only a reinstall helps
+    repaired = operations.reinstall(
+        name=f"Reinstall CUDA {config.cuda_version} packages missing a file (nvcc, libraries)",
+        packages=list(p.repair_packages),
+    )
     managed = ManagedFiles({PROFILE_FILE: p.profile, LD_FILE: p.ld_conf})
     managed.put(f"CUDA {config.cuda_version} on PATH for login shells", PROFILE_FILE)
     ld = managed.put(f"CUDA {config.cuda_version} libraries in the linker path", LD_FILE)
-    server.shell(name="ldconfig", commands=["ldconfig"], _if=ld.did_change)
+    server.shell(
+        name="ldconfig",
+        commands=["ldconfig"],
+        _if=lambda: ld.did_change() or repaired.did_change(),
+    )
     operations.cuda_symlink(name=f"/usr/local/cuda -> {p.prefix}", prefix=p.prefix)
 
 

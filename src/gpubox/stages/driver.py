@@ -7,60 +7,35 @@ the loaded driver is not the installed one. Facts: shared/reference/nvidia-stack
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import apt, server, systemd
 
-from gpubox import operations, preflight
-from gpubox.config import DriverPackages, HostConfig
-from gpubox.facts import KernelModuleLoaded, LoadedDriver
-from gpubox.stages import FILES, ManagedFiles, Target, current_config, render
+from gpubox import driver_plan, kernels, offers, operations, preflight
+from gpubox.facts import CommandOutput, KernelModuleLoaded, LoadedDriver
+from gpubox.stages import FILES, ManagedFiles, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
 
 PIN_FILE = "/etc/apt/preferences.d/90-gpubox-nvidia-driver"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51gpubox-nvidia-driver"
 NOUVEAU_FILE = "/etc/modprobe.d/gpubox-blacklist-nouveau.conf"
 PERSISTENCED_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/gpubox.conf"
+# debconf's answer to Debian's legacy-GPU check ("false": no check), empty when unanswered.
+LEGACY_CHECK = (
+    "awk '/^Name: nvidia-driver\\/check-for-unsupported-gpu$/{f=1} f&&/^Value:/{print $2; exit} "
+    "/^$/{f=0}' /var/cache/debconf/config.dat 2>/dev/null || true"
+)
 PERSISTENCED_WANTED = "/etc/systemd/system/multi-user.target.d/gpubox-nvidia-persistenced.conf"
-
-
-@dataclass(frozen=True)
-class DriverPlan:
-    packages: DriverPackages
-    distro_patterns: list[str]
-    pin: str
-    unattended: str
-
-
-def plan(config: HostConfig, target: Target) -> DriverPlan:
-    """What the driver stage installs, pins and refuses on this target (pure)."""
-    packages = config.driver_packages(target.family)
-    patterns = list(config.catalog["driver"]["distro_block_patterns"])
-    pin = render(
-        "apt-pin-nvidia-driver.j2",
-        version=config.driver_version,
-        package_version=packages.package_version,
-        packages=packages.installed,
-        refused=packages.refused,
-        flavour=config.driver_kernel_modules,
-        distro_patterns=patterns,
-        distro_origin=target.distro_origin,
-    )
-    unattended = render(
-        "unattended-upgrades-blacklist.j2", packages=packages.installed + packages.refused
-    )
-    return DriverPlan(packages, patterns, pin, unattended)
 
 
 @deploy("NVIDIA driver")
 def driver() -> None:
     config = current_config()
     target = preflight.run(config)
-    p = plan(config, target)
-    pkgs = p.packages
+    # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
+    # by preflight), never a list written in advance.
+    p = driver_plan.plan(config, target, offers.answer("nvidia_cuda").offers)
 
     managed = ManagedFiles(
         {
@@ -79,23 +54,48 @@ def driver() -> None:
 
     if config.driver_kernel_headers:
         apt.packages(
-            name="Install the kernel headers DKMS builds against",
-            packages=[f"linux-headers-{host.get_fact(KernelVersion)}"],
+            name="Install the kernel headers DKMS builds against (this kernel and its flavour's "
+            "next ones)",
+            packages=kernels.headers_packages(host.get_fact(KernelVersion)),
             no_recommends=True,
         )
     apt.packages(
         name="Remove packages that would pull another driver or module flavour",
-        packages=pkgs.forbidden + pkgs.refused,
+        packages=p.forbidden + p.refused,
         present=False,
     )
+    if target.family == "debian" and host.get_fact(CommandOutput, command=LEGACY_CHECK) != "false":
+        # Debian's packaging (libcuda1 Pre-Depends nvidia-legacy-check) aborts the install when
+        # it sees a GPU only a legacy driver supports, such as the reference box's GT 710
+        # display card. Preflight already judges every GPU against the branch (a warning for a
+        # card the branch does not drive), so its question is answered "no check".
+        server.shell(
+            name="Preseed Debian's legacy-GPU check (preflight judges the GPUs)",
+            commands=[
+                "echo 'nvidia-legacy-check nvidia-driver/check-for-unsupported-gpu boolean false'"
+                " | debconf-set-selections"
+            ],
+        )
     apt.packages(
         name=f"Install NVIDIA driver {config.driver_version} ({config.driver_kernel_modules})",
-        packages=[f"{name}={pkgs.package_version}" for name in pkgs.installed],
+        packages=[f"{name}={p.package_version}" for name in p.install],
         allow_downgrades=True,
         no_recommends=True,
         extra_install_args="--allow-change-held-packages",
     )
-    operations.apt_hold(name="Hold the driver packages", packages=pkgs.installed)
+    operations.apt_hold(name="Hold the driver packages", packages=p.install)
+    operations.reinstall(
+        name="Reinstall driver packages missing a file (nvidia-smi, the libraries)",
+        packages=p.pinned,
+    )
+    lacking = kernels.kernels_lacking_module(
+        host.get_fact(kernels.KernelModules), config.driver_version
+    )
+    if lacking:
+        server.shell(
+            name=f"Build the NVIDIA module for every bootable kernel ({', '.join(lacking)})",
+            commands=[kernels.repair_command(lacking)],
+        )
 
     nouveau = managed.put("Blacklist nouveau", NOUVEAU_FILE)
     server.shell(

@@ -1,6 +1,7 @@
 """Stage: gpu-burn (built from a pinned source tarball for the GPUs' compute capability with
 the pinned CUDA) and nvtop (from the distribution, checked not to pull another driver's
-libraries). Facts: shared/reference/nvidia-stack.md §5, §6."""
+libraries). The build records the size of what it built; a missing or changed gpu_burn or
+compare.fatbin is rebuilt by the next deploy even when the build stamp matches."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
-from gpubox import operations, preflight
+from gpubox import dpkg_ready, operations, preflight
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
 from gpubox.stages import ManagedFiles, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
 
 WRAPPER = "/usr/local/bin/gpu-burn"
 STAMP = ".gpubox-build"
+MANIFEST = ".gpubox-files"  # sizes of the build's outputs, what `gpu-burn` runs
+OUTPUTS = "gpu_burn compare.fatbin"
 BUILD_PACKAGES = ["make", "g++", "curl", "ca-certificates"]
 
 
@@ -66,8 +69,12 @@ def build_commands(build: GpuBurnBuild) -> list[str]:
         f'tar -xzf "$t/src.tar.gz" -C {d}.new --strip-components=1; '
         f"echo 'gpubox: building gpu-burn (COMPUTE={build.compute})'; "
         f"make -C {d}.new COMPUTE={build.compute} CUDAPATH={q(build.cuda_prefix)}; "
+        + manifest_command(build.directory + ".new", MANIFEST, OUTPUTS)
+        + "; "
         f"echo {q(build.stamp)} > {d}.new/{STAMP}; "
-        f"rm -rf {d} && mv {d}.new {d}",
+        # the complete build replaces the old one in one rename; a build cut short leaves
+        # only {d}.new, which the next build removes
+        f"rm -rf {d}; mv {d}.new {d}",
     ]
 
 
@@ -93,7 +100,9 @@ def tools() -> None:
     stamp = host.get_fact(
         CommandOutput, command=f"cat {shlex.quote(build.directory)}/{STAMP}"
     ).strip()
-    if stamp != build.stamp:
+    # gpu_burn or compare.fatbin deleted or cut short: rebuild, whatever the stamp says
+    damaged = host.get_fact(ManifestProblems, manifest=f"{build.directory}/{MANIFEST}")
+    if stamp != build.stamp or damaged:
         server.shell(
             name=f"Build gpu-burn {build.commit[:12]} for compute {build.compute}",
             commands=build_commands(build),
@@ -118,7 +127,11 @@ def tools() -> None:
         changed = operations.apt_enable_component(
             name="Enable Ubuntu's multiverse (nvtop)", component="multiverse"
         )
-        apt.update(name="apt update (multiverse enabled)", _if=changed.did_change)
+        dpkg_ready.apt_update(
+            name="apt update (multiverse enabled)",
+            lock_timeout=config.apt_lock_timeout,
+            _if=changed.did_change,
+        )
     installed = "install ok installed" in host.get_fact(
         CommandOutput, command="dpkg-query -W -f='${Status}' nvtop"
     )

@@ -26,6 +26,9 @@ RUN_ENV = "GPUBOX_STANDIN_RUN"
 LOADED_DRIVER_FILE = "loaded-driver"
 # Present while the stand-in nvidia-persistenced runs with persistence mode on.
 PERSISTENCE_FILE = "persistence"
+# Written by the stand-in nvidia-persistenced while it runs ("PID VERSION"): nvidia-smi -pm
+# talks to the daemon while it runs (and sets the driver's legacy persistence mode otherwise).
+PERSISTENCED_FILE = "nvidia-persistenced"
 # Written by the stand-in nv-hostengine while it runs ("PID ADDRESS"); dcgmi reads it.
 HOSTENGINE_FILE = "nv-hostengine.pid"
 # DCGM's profiling module, installed by datacenter-gpu-manager-4-proprietary; the stand-in

@@ -1,0 +1,273 @@
+"""What the configured apt repositories really offer, asked before anything changes.
+
+Every package gpubox installs at an exact version (the driver, the CUDA toolkit, DCGM, the
+container toolkit, Docker's packages) comes from a repository gpubox does not control, and a
+catalog pin that the repository no longer carries used to surface as a failed `apt-get install`
+halfway through a deploy. Preflight now asks the host's own apt which versions each repository
+offers, and refuses the run, nothing changed, with one line per missing package naming the
+versions offered and the catalog key to override.
+
+How the host is asked: apt in a private root (its own source list with just that repository,
+an empty dpkg status, its own lists under /var/cache/gpubox/apt-query/<repo>), so nothing of
+the host's apt configuration changes and the system's package lists are untouched. The lists
+are kept between runs, so a re-run costs apt's If-Modified-Since requests only. The query reads
+the index with ``[trusted=yes]``: it only decides what to pin and whether to refuse; the
+install itself goes through the signed-by keyring whose fingerprint the catalog pins. When the
+repository cannot be reached and an earlier answer is cached, that answer is used with a
+warning; with nothing cached the run is refused.
+
+The driver is special: which packages make up NVIDIA's driver build is not known in advance
+(Debian's packaging differs from Ubuntu's, and NVIDIA's set may change), so the answer for
+NVIDIA's CUDA repository also lists every package offered at the driver's exact version; the
+driver stage pins that set (gpubox.driver_plan).
+"""
+
+from __future__ import annotations
+
+import shlex
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api import FactBase
+
+from gpubox.config import HostConfig, Problem, Target
+
+QUERY_DIR = "/var/cache/gpubox/apt-query"
+
+
+@dataclass
+class RepoIndex:
+    """One repository's answer: versions offered per package, warnings, or why it failed."""
+
+    offers: dict[str, list[str]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def parse_query(lines: Iterable[str]) -> RepoIndex:
+    """The query's output: ``P name version`` per package version, ``W text`` for a warning,
+    ``E text`` when the repository could not be read at all."""
+    index = RepoIndex()
+    errors: list[str] = []
+    for line in lines:
+        kind, _, rest = line.strip().partition(" ")
+        if kind == "P":
+            name, _, version = rest.partition(" ")
+            if name and version:
+                versions = index.offers.setdefault(name, [])
+                if version not in versions:
+                    versions.append(version)
+        elif kind == "W" and rest:
+            index.warnings.append(rest)
+        elif kind == "E" and rest:
+            errors.append(rest)
+    if errors:
+        index.error = " ".join(errors)
+    return index
+
+
+def query_command(
+    name: str, source_line: str, packages: Sequence[str], at_version: str, base: str = QUERY_DIR
+) -> str:
+    """Shell that asks apt, in a private root, what the repository of ``source_line`` offers
+    for ``packages`` (every version) and at ``at_version`` (every package)."""
+    line = _unsigned(source_line)
+    d = f"{base}/{name}"
+    opts = " ".join(
+        f"-o {o}"
+        for o in (
+            f"Dir::Etc::sourcelist={d}/sources.list",
+            f"Dir::Etc::sourceparts={d}/parts",
+            f"Dir::Etc::preferencesparts={d}/parts",
+            f"Dir::State::Lists={d}/lists",
+            f"Dir::State::status={d}/status",
+            f"Dir::Cache={d}/cache",
+            "APT::Sandbox::User=root",
+            "Debug::NoLocking=1",
+            "Acquire::Languages=none",
+        )
+    )
+    want = " " + " ".join(packages) + " "
+    awk = (
+        "/^Package:/{p=$2} /^Version:/{v=$2} "
+        '/^$/{if(p!=""&&(index(w," "p" ")||v==at))print "P",p,v; p="";v=""} '
+        'END{if(p!=""&&(index(w," "p" ")||v==at))print "P",p,v}'
+    )
+    return (
+        f"# gpubox-apt-query {name}\n"
+        f'd={shlex.quote(d)}; mkdir -p "$d/lists/partial" "$d/parts" "$d/cache/archives/partial" '
+        f'&& : > "$d/status" && printf "%s\\n" {shlex.quote(line)} > "$d/sources.list" '
+        '|| { echo "E cannot write $d"; exit 0; }\n'
+        f"err=$(apt-get {opts} -q update 2>&1 >/dev/null); rc=$?\n"
+        'bad=$(printf "%s\\n" "$err" | grep -E "^(E:|W: Failed to fetch|Err:)" | head -n 3)\n'
+        'if [ $rc -ne 0 ] || [ -n "$bad" ]; then\n'
+        '  msg=$(printf "%s" "${bad:-$err}" | tr "\\n" " " | cut -c1-400)\n'
+        '  if ls "$d"/lists/*Packages* >/dev/null 2>&1; then echo "W apt update failed, using '
+        'the answer cached by an earlier run: $msg"; else echo "E $msg"; exit 0; fi\n'
+        "fi\n"
+        'for f in "$d"/lists/*Packages*; do [ -f "$f" ] || continue; '
+        '/usr/lib/apt/apt-helper cat-file "$f" 2>/dev/null; echo; done | '
+        f"awk -v w={shlex.quote(want)} -v at={shlex.quote(at_version)} {shlex.quote(awk)}\n"
+        "exit 0"
+    )
+
+
+def _unsigned(source_line: str) -> str:
+    """The catalog's source line with its signed-by option replaced by trusted=yes."""
+    words = source_line.strip().split()
+    if len(words) > 1 and words[1].startswith("[") and words[1].endswith("]"):
+        words[1] = "[trusted=yes]"
+    else:
+        words.insert(1, "[trusted=yes]")
+    return " ".join(words)
+
+
+class RepoOffers(FactBase[RepoIndex]):
+    """What one apt repository offers (see the module's docstring); read-only for the host's
+    apt: only /var/cache/gpubox/apt-query/<name> is written."""
+
+    def command(  # type: ignore[override]
+        self, repo: str, source_line: str, packages: tuple[str, ...], at_version: str = ""
+    ) -> str:
+        return query_command(repo, source_line, packages, at_version)
+
+    def process(self, output: list[str]) -> RepoIndex:
+        return parse_query(output)
+
+
+@dataclass(frozen=True)
+class PinnedSet:
+    """Packages one stage installs at exact versions from one repository."""
+
+    stage: str
+    repo: str  # catalog repos.<name>
+    packages: Mapping[str, str]  # name -> exact version
+    catalog_key: str  # what to override (catalog_overrides dotted path, or a config key)
+
+
+def pinned_sets(
+    config: HostConfig, target: Target, docker_engine: dict[str, Any]
+) -> list[PinnedSet]:
+    """Every exact-version package set the deploy installs on this host, except the driver's
+    (gpubox.driver_plan resolves that one from the repository's answer)."""
+    from gpubox.stages.apt_repo import placeholders
+
+    cat = config.catalog
+    cuda = config.cuda
+    sets = [
+        PinnedSet(
+            "cuda",
+            "nvidia_cuda",
+            {cuda["package"]: cuda["package_version"]},
+            f"catalog_overrides 'cuda.versions.{config.cuda_version}.package_version'",
+        ),
+        PinnedSet(
+            "dcgm",
+            "nvidia_cuda",
+            {name: cat["dcgm"]["version"] for name in cat["dcgm"]["packages"]},
+            "catalog_overrides 'dcgm.version'",
+        ),
+        PinnedSet(
+            "container_toolkit",
+            "nvidia_container_toolkit",
+            {
+                name: cat["container_toolkit"]["version"]
+                for name in cat["container_toolkit"]["packages"]
+            },
+            "catalog_overrides 'container_toolkit.version'",
+        ),
+    ]
+    kept = (
+        config.docker_keep_existing and docker_engine.get("binary") and docker_engine.get("active")
+    )
+    if config.docker_source == "docker" and not kept:
+        values = placeholders(target)
+        sets.append(
+            PinnedSet(
+                "docker",
+                "docker",
+                {n: v.format(**values) for n, v in cat["docker"]["packages"].items()},
+                "catalog_overrides 'docker.packages.<name>'",
+            )
+        )
+    return sets
+
+
+def missing(
+    config: HostConfig, sets: Sequence[PinnedSet], indexes: Mapping[str, RepoIndex]
+) -> list[Problem]:
+    """Pure: a problem per package whose exact version the repository does not offer, and per
+    repository that could not be read."""
+    problems: list[Problem] = []
+    unreadable: set[str] = set()
+    for pinned in sets:
+        index = indexes[pinned.repo]
+        if index.error is not None:
+            if pinned.repo not in unreadable:
+                unreadable.add(pinned.repo)
+                problems.append(
+                    Problem(
+                        config.host,
+                        f"repos.{pinned.repo}",
+                        f"cannot read the repository ({index.error}); check the URL "
+                        f"(catalog_overrides 'repos.{pinned.repo}.url' for a mirror) and the "
+                        "box's network",
+                    )
+                )
+            continue
+        for name, version in pinned.packages.items():
+            offered = index.offers.get(name, [])
+            if version in offered:
+                continue
+            have = ", ".join(offered[-6:]) if offered else "none: the package is not there"
+            problems.append(
+                Problem(
+                    config.host,
+                    pinned.stage,
+                    f"repos.{pinned.repo} does not offer {name}={version} (offered: {have}); "
+                    f"pin one it offers with {pinned.catalog_key}",
+                )
+            )
+    return problems
+
+
+# Per run and host: the repositories' answers (preflight asks once; the driver stage reads).
+_answers: weakref.WeakKeyDictionary[Any, dict[str, dict[str, RepoIndex]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def ask(
+    config: HostConfig, target: Target, docker_engine: dict[str, Any]
+) -> tuple[list[PinnedSet], dict[str, RepoIndex]]:
+    """Ask the current host about every repository the pinned sets and the driver need."""
+    from pyinfra import host
+
+    from gpubox.stages.apt_repo import source_line
+
+    sets = pinned_sets(config, target, docker_engine)
+    driver = config.driver_packages(target.family)
+    wanted: dict[str, set[str]] = {"nvidia_cuda": set(driver.installed + driver.refused)}
+    for pinned in sets:
+        wanted.setdefault(pinned.repo, set()).update(pinned.packages)
+    at_version = {"nvidia_cuda": driver.package_version}
+    indexes: dict[str, RepoIndex] = {}
+    for repo, names in wanted.items():
+        indexes[repo] = host.get_fact(
+            RepoOffers,
+            repo=repo,
+            source_line=source_line(config, repo, target),
+            packages=tuple(sorted(names)),
+            at_version=at_version.get(repo, ""),
+        )
+    _answers.setdefault(host.state, {})[host.name] = indexes
+    return sets, indexes
+
+
+def answer(repo: str) -> RepoIndex:
+    """The current host's answer for ``repo`` in this run (asked by preflight)."""
+    from pyinfra import host
+
+    return _answers[host.state][host.name][repo]

@@ -1,0 +1,236 @@
+"""The model stage's shell, run for real in a temporary directory, one command after the
+other as pyinfra runs them (each by `sh -c`, stopping at the first failure), with the
+downloaders (hf, curl) replaced by scripts: the Hugging Face token file never outlives the
+download command, and a model file that changed after it was verified is verified again and
+downloaded again when it no longer verifies."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpubox.stages import model as model_stage
+
+GOOD = b"GGUF tiny model stand-in\n" * 40
+SHA = hashlib.sha256(GOOD).hexdigest()
+
+
+def run(commands: list[str], shims: Path | None = None) -> subprocess.CompletedProcess:
+    """The commands in order, each by sh -c, stopping at the first failure (as pyinfra)."""
+    env = dict(os.environ)
+    if shims is not None:
+        env["PATH"] = f"{shims}:{env['PATH']}"
+    result = subprocess.CompletedProcess([], 0, "", "")
+    for command in commands:
+        step = subprocess.run(
+            ["sh", "-c", command], capture_output=True, text=True, env=env, timeout=60
+        )
+        result = subprocess.CompletedProcess(
+            command, step.returncode, result.stdout + step.stdout, result.stderr + step.stderr
+        )
+        if step.returncode != 0:
+            break
+    return result
+
+
+def state(p: model_stage.ModelPlan) -> str:
+    """What the stage's fact reads on the box."""
+    return subprocess.run(
+        ["sh", "-c", model_stage.model_state_command(p)], capture_output=True, text=True
+    ).stdout
+
+
+# --------------------------------------------------------------------------- HF token (8a)
+
+
+def hf_plan(directory: Path) -> model_stage.ModelPlan:
+    return model_stage.ModelPlan(
+        source="hf",
+        repo="example/tiny-GGUF",
+        file="tiny.gguf",
+        url=None,
+        sha256=SHA,
+        size=None,
+        directory=str(directory),
+    )
+
+
+def fake_hf(tmp_path: Path, body: str) -> tuple[Path, Path]:
+    """A venv whose bin/hf runs ``body`` (after noting whether it got a token); the token
+    file, written as the stage writes it."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    hf = venv / "bin" / "hf"
+    hf.write_text(
+        "#!/bin/sh\n"
+        f'[ "$HF_TOKEN" = hf_secret ] && echo yes > {tmp_path}/had-token\n'
+        # hf download REPO FILE --local-dir DIR
+        "dir=$5\n" + body
+    )
+    hf.chmod(0o755)
+    token = tmp_path / "cache" / "hf-token"
+    token.parent.mkdir()
+    token.write_text("hf_secret\n")
+    token.chmod(0o600)
+    return venv, token
+
+
+def hf_commands(tmp_path: Path, venv: Path, token: Path) -> list[str]:
+    p = hf_plan(tmp_path / "models")
+    return model_stage.download_commands(
+        p, "https://hf.example.org", "", token_file=str(token), hf_venv=str(venv)
+    )
+
+
+def test_the_token_file_is_removed_when_the_download_fails(tmp_path):
+    venv, token = fake_hf(tmp_path, 'echo "503 Service Unavailable" >&2; exit 1\n')
+    commands = hf_commands(tmp_path, venv, token)
+    assert "hf_secret" not in " ".join(commands)
+    result = run(commands)
+    assert result.returncode == 1 and "503 Service Unavailable" in result.stderr
+    assert (tmp_path / "had-token").read_text() == "yes\n"  # the download got the token
+    assert not token.exists()
+    assert not (tmp_path / "models" / "tiny.gguf.gpubox-verified").exists()
+
+
+def test_the_token_file_is_removed_when_the_download_is_killed(tmp_path):
+    # SIGTERM to the download command's shell while hf runs (an interrupted deploy)
+    venv, token = fake_hf(tmp_path, "kill -TERM $PPID; sleep 1; exit 0\n")
+    result = run(hf_commands(tmp_path, venv, token))
+    assert result.returncode != 0
+    assert not token.exists()
+
+
+def test_the_token_file_is_removed_after_a_good_download(tmp_path):
+    body = f"printf '%s' '{GOOD.decode()}' > \"$dir/tiny.gguf\"\n"
+    venv, token = fake_hf(tmp_path, body)
+    result = run(hf_commands(tmp_path, venv, token))
+    assert result.returncode == 0, result.stderr
+    assert not token.exists()
+    assert model_stage.verified(hf_plan(tmp_path / "models"), state(hf_plan(tmp_path / "models")))
+
+
+def test_the_token_file_is_removed_when_the_file_was_intact(tmp_path):
+    venv, token = fake_hf(tmp_path, "echo called > $dir/../hf-called; exit 1\n")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tiny.gguf").write_bytes(GOOD)  # there, but no marker: verified again, kept
+    result = run(hf_commands(tmp_path, venv, token))
+    assert result.returncode == 0, result.stderr
+    assert "tiny.gguf is there and verifies; kept" in result.stdout
+    assert not (tmp_path / "hf-called").exists() and not token.exists()
+
+
+# --------------------------------------------------------------------------- repair (H)
+
+
+def url_plan(directory: Path, sha256: str | None = SHA, size: int | None = None):
+    return model_stage.ModelPlan(
+        source="url",
+        repo="",
+        file="tiny.gguf",
+        url="http://127.0.0.1:9/tiny.gguf",
+        sha256=sha256,
+        size=size,
+        directory=str(directory),
+    )
+
+
+@pytest.fixture
+def curl(tmp_path):
+    """A curl that writes SERVE (the file `serve` holds) to its -o path and counts calls."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (tmp_path / "serve").write_bytes(GOOD)
+    script = shims / "curl"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"echo call >> {tmp_path}/curl-calls\n"
+        'while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+        f'cat {tmp_path}/serve > "$out"\n'
+    )
+    script.chmod(0o755)
+    return shims
+
+
+def calls(tmp_path: Path) -> int:
+    f = tmp_path / "curl-calls"
+    return len(f.read_text().splitlines()) if f.exists() else 0
+
+
+def deploy(p: model_stage.ModelPlan, shims: Path) -> subprocess.CompletedProcess | None:
+    """What the stage does: nothing when the fact says verified, else the download."""
+    if model_stage.verified(p, state(p)):
+        return None
+    return run(model_stage.download_commands(p, "", ""), shims)
+
+
+@pytest.mark.parametrize("known", ["sha256", "size"])
+def test_a_truncated_model_is_downloaded_again(tmp_path, curl, known):
+    p = url_plan(
+        tmp_path / "models",
+        sha256=SHA if known == "sha256" else None,
+        size=len(GOOD) if known == "size" else None,
+    )
+    first = deploy(p, curl)
+    assert first is not None and first.returncode == 0, first and first.stderr
+    assert calls(tmp_path) == 1 and Path(p.path).read_bytes() == GOOD
+    assert deploy(p, curl) is None  # verified once, recorded: nothing to do
+
+    with open(p.path, "r+b") as f:  # truncated (a full disk, a careless copy)
+        f.truncate(len(GOOD) // 2)
+    assert not model_stage.verified(p, state(p))
+    again = deploy(p, curl)
+    assert again is not None and again.returncode == 0, again and again.stderr
+    assert calls(tmp_path) == 2 and Path(p.path).read_bytes() == GOOD
+    assert deploy(p, curl) is None
+
+
+def test_a_corrupted_model_of_the_same_size_is_downloaded_again(tmp_path, curl):
+    p = url_plan(tmp_path / "models")
+    deploy(p, curl)
+    data = bytearray(GOOD)
+    data[10] ^= 0xFF
+    Path(p.path).write_bytes(bytes(data))  # rewritten in place: same size, new mtime
+    os.utime(p.path, (1, 1))
+    assert not model_stage.verified(p, state(p))
+    again = deploy(p, curl)
+    assert again is not None and again.returncode == 0
+    assert calls(tmp_path) == 2 and Path(p.path).read_bytes() == GOOD
+
+
+def test_a_touched_but_intact_model_is_verified_again_not_downloaded(tmp_path, curl):
+    p = url_plan(tmp_path / "models")
+    deploy(p, curl)
+    os.utime(p.path, (1, 1))  # a backup restore, say: the mtime moved, the bytes did not
+    again = deploy(p, curl)
+    assert again is not None and again.returncode == 0
+    assert "tiny.gguf is there and verifies; kept" in again.stdout
+    assert calls(tmp_path) == 1
+    assert deploy(p, curl) is None
+
+
+def test_a_deleted_model_is_downloaded_again(tmp_path, curl):
+    p = url_plan(tmp_path / "models")
+    deploy(p, curl)
+    os.remove(p.path)
+    assert not model_stage.verified(p, state(p))
+    assert deploy(p, curl).returncode == 0
+    assert calls(tmp_path) == 2 and Path(p.path).read_bytes() == GOOD
+
+
+def test_a_bad_download_fails_and_leaves_no_partial_to_resume(tmp_path, curl):
+    p = url_plan(tmp_path / "models")
+    (tmp_path / "serve").write_bytes(GOOD[:-1] + b"!")
+    result = deploy(p, curl)
+    assert result is not None and result.returncode == 1
+    assert f"tiny.gguf has sha256 {hashlib.sha256(GOOD[:-1] + b'!').hexdigest()}" in result.stderr
+    assert "removed it" in result.stderr
+    assert not Path(p.path + ".part").exists() and not Path(p.path).exists()
+    assert not Path(p.marker).exists()
+    (tmp_path / "serve").write_bytes(GOOD)  # the mirror fixed: the next deploy succeeds
+    assert deploy(p, curl).returncode == 0 and Path(p.path).read_bytes() == GOOD
