@@ -2,9 +2,9 @@
 fault is planted on the converged box, the matching host check fails, a re-deploy puts the
 file back, the check passes. Faults: nvcc and the CUDA runtime library deleted (apt still
 counts their packages installed), the model file truncated (verified once, so it used to be
-skipped), llama-server deleted, gpu-burn's binary deleted (their build markers still match).
-nvidia-smi is left out: the driver stage wires the same reinstall helper. The tests run in
-order on one box."""
+skipped), llama-server deleted, gpu-burn's binary deleted (their build markers still match),
+nvidia-smi deleted (the file behind Debian's `nvidia` alternative). The tests run in order on
+one box."""
 
 from __future__ import annotations
 
@@ -63,6 +63,19 @@ def test_deleted_nvcc_and_cuda_runtime_are_reinstalled():
     assert [n for n in run.changed_names if "Reinstall CUDA 12.8 packages missing a file" in n]
     assert [n for n in run.changed_names if n.endswith("ldconfig")], run.changed_names
     assert failing("nvcc", "linker_cache") == {}
+
+
+def test_a_deleted_nvidia_smi_is_reinstalled():
+    real = box_sh("readlink -f /usr/bin/nvidia-smi").strip()
+    owner = box_sh(f"dpkg -S {real}").split(":")[0]
+    box_sh(f"rm {real}")
+    failed = failing("nvidia_smi_lists")
+    assert "nvidia-smi fails" in failed["test_nvidia_smi_lists_the_gpus"]
+
+    run = redeploy()
+    assert [n for n in run.changed_names if "Reinstall driver packages missing a file" in n]
+    assert box_sh(f"dpkg -S {real}").split(":")[0] == owner
+    assert failing("nvidia_smi_lists", "persistence") == {}
 
 
 def test_a_truncated_model_is_downloaded_again_and_served():
