@@ -2,7 +2,7 @@
 
 Compute capability decides everything that can go wrong on an older GPU: which driver
 branches still drive it, which kernel module flavour it needs, which CUDA toolkits can build
-for it. Sources: shared/reference/nvidia-stack.md §1.3 and §1.6.
+for it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class Architecture:
     name: str
     # The newest driver branch that still supports it (None: still supported by current ones).
     last_driver_branch: int | None
-    # Open kernel modules need GSP, first in Turing (nvidia-stack.md §1.3).
+    # Open kernel modules need GSP, first in Turing.
     open_modules: bool
     # The last CUDA major that can build for it (CUDA 13 dropped Maxwell/Pascal/Volta).
     last_cuda_major: int | None

@@ -5,7 +5,7 @@ stand-in NVIDIA repository and a bridge to the host's Debian mirror all listen o
 *inside* that namespace, so nothing touches the host's network and nothing clashes with it.
 pyinfra and pytest reach the box by running inside the namespace (``gpubox sandbox exec --``).
 
-Lifecycle (see shared/reference/sandbox-recipe.md for the facts behind each step):
+Lifecycle:
 
 ``up``   root filesystem from the cache (debootstrap once per recipe hash, then a fresh
          ``cp -a`` per box), netns, mirror bridge (socat host <-> unix socket <-> socat in the
@@ -904,7 +904,7 @@ def _nspawn_argv(rootfs: Path, ccache: Path) -> list[str]:
         "--timezone=off",
         "--link-journal=no",
         f"--bind={ccache}:{CCACHE_DIR}",
-        # Docker inside the box (sandbox-recipe.md): iptables/bridges, runc's keyring and
+        # Docker inside the box: iptables/bridges, runc's keyring and
         # cgroup v2 device filter.
         "--capability=CAP_NET_ADMIN",
         "--system-call-filter=@keyring bpf",

@@ -3,7 +3,7 @@
 GitHub cannot be reached from a test machine, but PyPI can, and PyPI's ``llama-cpp-python``
 sdist vendors a whole llama.cpp tree (tools/server included) under
 ``llama_cpp_python-<version>/vendor/llama.cpp``: 0.3.36 carries commit 0c1e57098 (2026-10-01),
-which third parties name b11312 (shared/reference/sandbox-recipe.md, last section). This module
+which third parties name b11312. This module
 downloads that sdist with pip (so a user's PyPI mirror applies), checks its sha256, and packs the
 vendored tree the way ``git archive --prefix=llama.cpp-b11312/ | gzip -n`` does for GitHub's
 ``/archive/refs/tags/b11312.tar.gz``: a pax global header with the commit, directories before

@@ -633,7 +633,7 @@ def driver_packages(
             f"catalog.yml driver.packages.debian names {unknown}, which the sandbox's stand-in "
             "repository has no stand-in for: add one in gpubox/sandbox/repo.py driver_packages"
         )
-    # the trap: a meta package that follows the newest driver (nvidia-stack.md §2, §8)
+    # the trap: a meta package that follows the newest driver
     trap = Deb(
         "cuda-drivers",
         pv,

@@ -63,7 +63,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# Keys llama.cpp needs to load the model (sandbox-recipe.md), checked by the unit tests.
+# Keys llama.cpp needs to load the model, checked by the unit tests.
 REQUIRED_KEYS = (
     "general.architecture",
     "llama.context_length",

@@ -55,7 +55,7 @@ def apt_repo(
     repo = config.catalog["repos"][name]
     changed = list(also_changed or [])
     if name == "nvidia_cuda" and target.family == "debian":
-        # NVIDIA's Debian driver packages need contrib (nvidia-stack.md §8).
+        # NVIDIA's Debian driver packages need contrib.
         changed.append(
             operations.apt_enable_component(
                 name="Enable Debian's contrib archive area", component="contrib"

@@ -5,7 +5,7 @@ packages at one catalog version (pinned, held), the `nvidia` runtime registered 
 daemon.json only when it lacks one (merged: every other key kept), Docker reloaded only when
 daemon.json changed, a CDI spec regenerated when the driver version changes, and the
 /dev/char symlinks that keep containers' GPUs across `systemctl daemon-reload`.
-Facts: shared/reference/nvidia-stack.md §3."""
+"""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from gpubox.stages.docker import DAEMON_JSON, reload_docker
 PIN_FILE = "/etc/apt/preferences.d/90-gpubox-nvidia-container-toolkit"
 UDEV_RULE = "/etc/udev/rules.d/71-gpubox-nvidia-dev-char.rules"
 CDI_STAMP = "/var/lib/gpubox/cdi-driver-version"
-# What nvidia-ctk runtime configure writes (nvidia-stack.md §3).
+# What nvidia-ctk runtime configure writes.
 NVIDIA_RUNTIME = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
 
 

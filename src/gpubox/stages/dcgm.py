@@ -1,6 +1,6 @@
 """Stage: NVIDIA DCGM 4 (host engine, dcgmi), with the proprietary profiling module the
 NVLink fields 1011/1012 need on V100; the host engine bound to localhost; optionally
-dcgm-exporter. Facts: shared/reference/nvidia-stack.md §4."""
+dcgm-exporter."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Pinned (apt preferences), held, kept out of unattended-upgrades, proprietary or open kernel
 modules as the GPUs need, nouveau blacklisted, persistence mode on, and a reboot only when
-the loaded driver is not the installed one. Facts: shared/reference/nvidia-stack.md §0-§1, §7.
+the loaded driver is not the installed one.
 """
 
 from __future__ import annotations

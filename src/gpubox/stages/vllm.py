@@ -1,6 +1,6 @@
 """The vLLM backend: the vllm/vllm-openai image at the catalog's tag (the last that still runs
 on compute capability 7.0), run by a systemd unit, warmed up with one request after a start.
-Facts: shared/reference/inference-backends.md §3."""
+"""
 
 from __future__ import annotations
 
