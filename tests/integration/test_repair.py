@@ -78,6 +78,18 @@ def test_a_deleted_nvidia_smi_is_reinstalled():
     assert failing("nvidia_smi_lists", "persistence") == {}
 
 
+def test_persistence_switched_off_by_hand_is_switched_back_on():
+    box_sh("nvidia-smi -pm 0")
+    failed = failing("persistence_mode")
+    assert (
+        "persistence mode is not Enabled" in failed["test_persistence_mode_is_enabled_on_every_gpu"]
+    )
+
+    run = redeploy()
+    assert [n for n in run.changed_names if "persistence mode back on" in n], run.changed_names
+    assert failing("persistence_mode") == {}
+
+
 def test_a_truncated_model_is_downloaded_again_and_served():
     p = model_stage.plan(config())
     size = int(box_sh(f"stat -c %s {p.path}"))

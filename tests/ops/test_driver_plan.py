@@ -401,3 +401,16 @@ def test_debians_legacy_gpu_check_is_answered_once_before_the_install(plan_of):
     assert not [n for n in answered.names if "legacy-GPU check" in n]
     ubuntu = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
     assert not [n for n in ubuntu.names if "legacy-GPU check" in n]
+
+
+def test_persistence_switched_off_by_hand_is_switched_back_on_the_running_driver(plan_of):
+    loaded = {"cat /sys/module/nvidia/version": "570.211.01"}
+    off = fresh_box("ubuntu2404", **loaded, **{"--query-gpu=persistence_mode": "Enabled\nDisabled"})
+    plan = plan_of(driver_stage.driver, REFERENCE, off)
+    assert plan.op("persistence mode back on") == ["nvidia-smi -pm 1"]
+    on = fresh_box("ubuntu2404", **loaded, **{"--query-gpu=persistence_mode": "Enabled\nEnabled"})
+    plan = plan_of(driver_stage.driver, REFERENCE, on)
+    assert not [n for n in plan.names if "persistence mode back" in n]
+    # no driver loaded yet: the reboot and the unit's ExecStartPost see to it
+    fresh = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
+    assert not [n for n in fresh.names if "persistence mode back" in n]

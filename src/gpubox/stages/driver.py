@@ -26,6 +26,7 @@ LEGACY_CHECK = (
     "awk '/^Name: nvidia-driver\\/check-for-unsupported-gpu$/{f=1} f&&/^Value:/{print $2; exit} "
     "/^$/{f=0}' /var/cache/debconf/config.dat 2>/dev/null || true"
 )
+PERSISTENCE_QUERY = "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader"
 PERSISTENCED_WANTED = "/etc/systemd/system/multi-user.target.d/gpubox-nvidia-persistenced.conf"
 
 
@@ -151,3 +152,14 @@ def driver() -> None:
         restarted=True,
         _if=dropin.did_change,
     )
+    if loaded == config.driver_version and not nouveau_loaded:
+        # Persistence switched by hand since (nvidia-smi -pm): set it back on the running
+        # driver; after a start or a reboot the drop-in's ExecStartPost does it.
+        want = "Enabled" if config.persistence_mode else "Disabled"
+        modes = host.get_fact(CommandOutput, command=PERSISTENCE_QUERY).split()
+        if any(m in ("Enabled", "Disabled") and m != want for m in modes):
+            server.shell(
+                name=f"GPUs' persistence mode back {mode} (nvidia-smi -pm)",
+                commands=[f"nvidia-smi -pm {1 if config.persistence_mode else 0}"],
+                _if=lambda: not dropin.did_change(),
+            )
