@@ -32,39 +32,16 @@ class DriverPlan:
 
 
 def package_version(config: HostConfig, family: str) -> str:
-    """NVIDIA's version string for the host's driver on an OS family.
-
-    An explicit ``driver_version`` keeps the catalog's Debian revision for the branch
-    (``570.211.01-1`` -> ``570.195.03-1``)."""
-    branch = str(config.values["driver_branch"])
-    version = config.values["driver_version"]
-    entry = config.catalog["driver"]["branches"][branch]
-    catalog_version: str = entry["package_version"][family]
-    if version == entry["version"]:
-        return catalog_version
-    return f"{version}-{catalog_version.split('-', 1)[1]}"
-
-
-def _expand(names: Iterable[str], config: HostConfig) -> list[str]:
-    values = config.values
-    return [
-        name.format(
-            branch=values["driver_branch"],
-            version=values["driver_version"],
-            cuda_dash=str(values["cuda_version"]).replace(".", "-"),
-        )
-        for name in names
-    ]
+    """NVIDIA's version string for the host's driver on an OS family (an explicit
+    ``driver_version`` keeps the catalog's revision: ``570.211.01-1`` -> ``570.195.03-1``)."""
+    return config.driver_packages(family).package_version
 
 
 def roots(config: HostConfig, family: str) -> tuple[list[str], list[str]]:
     """(install, refused): the catalog's roots for the host's kernel module flavour and the
     other flavour's."""
-    packages = config.catalog["driver"]["packages"][family]
-    flavour = config.values["driver_kernel_modules"]
-    other = "open" if flavour == "proprietary" else "proprietary"
-    install = _expand(list(packages["common"]) + list(packages[flavour]), config)
-    return install, _expand(packages[other], config)
+    packages = config.driver_packages(family)
+    return packages.installed, packages.refused
 
 
 _FIELD = re.compile(r"^([A-Za-z0-9-]+):[ \t]*(.*)$")
@@ -150,7 +127,7 @@ def plan(config: HostConfig, target: Target, offered: Mapping[str, Sequence[str]
     driver = config.catalog["driver"]
     version = package_version(config, family)
     install, refused = roots(config, family)
-    forbidden = _expand(driver["forbidden_packages"], config)
+    forbidden = config.driver_packages(family).forbidden
 
     missing = [name for name in install if version not in (offered.get(name) or ())]
     if missing:
