@@ -34,18 +34,23 @@ hosts = [
             "docker_check_image": info["check_image"],
             "burnin_seconds": 3,
             # llama.cpp built for real in the box, for its CPU (no GPU there), through a
-            # compiler cache the sandbox keeps across boxes; the tiny model over plain HTTP.
+            # compiler cache the sandbox keeps across boxes.
             "backend": "llamacpp",
             "llamacpp_cuda": False,
             "llamacpp_ccache": True,
-            "model_source": "url",
-            "model_url": info["model_url"],
+            # The tiny model through the default path: the hf tool (installed on the box from
+            # a PyPI mirror, below) from a Hugging Face mirror on loopback, as a user sets one.
+            "model_source": "hf",
+            "hf_endpoint": info["hub_url"],
+            "model_repo": info["hub_repo"],
             "model_file": info["model_file"],
             "model_sha256": info["model_sha256"],
             "model_ctx": 2048,
             "model_parallel": 2,
             "health_timeout": 120,
             "catalog_overrides": {
+                # every pip install on the box, from the PyPI mirror on loopback
+                "pypi.index_url": info["pypi_index_url"],
                 "repos.nvidia_cuda.url": info["repo_url"],
                 "repos.nvidia_cuda.key_url": info["key_url"],
                 "repos.nvidia_cuda.key_fingerprint": info["key_fingerprint"],
@@ -55,10 +60,10 @@ hosts = [
                 "gpu_burn.url": info["gpu_burn_url"],
                 "gpu_burn.sha256": info["gpu_burn_sha256"],
                 "gpu_burn.commit": info["gpu_burn_commit"],
+                # The catalog's llama.cpp sdist, the same bytes, from the loopback server's
+                # PyPI stand-in: a mirror URL, as a user would set one. The sha256, tag and
+                # commit stay the catalog's.
                 "llamacpp.url": info["llamacpp_url"],
-                "llamacpp.sha256": info["llamacpp_sha256"],
-                "llamacpp.tag": info["llamacpp_tag"],
-                "llamacpp.commit": info["llamacpp_commit"],
             },
         },
     )

@@ -795,6 +795,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT.png",
         help="throughput and TPOT against concurrency (needs matplotlib)",
     )
+    from gpubox import llamabench
+
+    llamabench.add_arguments(parser)
     return parser
 
 
@@ -865,6 +868,9 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from gpubox import llamabench
+
+    llamabench.check_arguments(parser, args)
     settings = Settings(
         concurrency=args.concurrency,
         requests=args.requests,
@@ -897,6 +903,7 @@ def main(argv: list[str]) -> int:
             save_record(summary_record(report), label or None)
         except OSError as exc:
             print(f"gpubox bench: cannot keep the figures for doctor: {exc}", file=sys.stderr)
+    llama_rc, llama = llamabench.main_hook(args, reports)  # --llama-bench, --split-modes
     if args.json:
         document = {
             "settings": asdict(settings) | {"key_given": key is not None},
@@ -906,6 +913,7 @@ def main(argv: list[str]) -> int:
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "results": reports,
             "problems": problems,
+            "llama_bench": llama,
         }
         with open(args.json, "w") as f:
             json.dump(document, f, indent=2)
@@ -914,10 +922,8 @@ def main(argv: list[str]) -> int:
         message = write_plot(reports, args.plot)
         if message:
             print(f"gpubox bench: {message}", file=sys.stderr)
-    if problems and not reports:
-        return 2
     failed = any(lv["failed"] for r in reports.values() for lv in r["levels"])
-    return 2 if problems else (1 if failed else 0)
+    return max(llama_rc, 2 if problems else (1 if failed else 0))
 
 
 if __name__ == "__main__":

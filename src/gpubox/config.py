@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox import catalog, compat
+from gpubox import catalog, compat, vllm_rules
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,13 @@ def _derive_driver_version(values: dict[str, Any], host_catalog: dict[str, Any])
 def _derive_kernel_modules(values: dict[str, Any], host_catalog: dict[str, Any]) -> str:
     gpu = compat.GPU_MODELS.get(values.get("gpu_model", ""))
     return compat.default_kernel_modules(gpu) if gpu else "proprietary"
+
+
+# llama-server's -sm values gpubox offers ("none" would leave the second GPU idle).
+LLAMA_SPLIT_MODES = ("layer", "row", "tensor")
+
+# A Hub repository id (owner/name), as Hugging Face and ModelScope accept them.
+MODEL_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 KEYS: tuple[Key, ...] = (
@@ -188,6 +196,13 @@ KEYS: tuple[Key, ...] = (
         choices=("hf", "modelscope", "url"),
     ),
     Key("model_url", str, None, "with model_source 'url': where the GGUF file is"),
+    Key(
+        "model_repo",
+        str,
+        None,
+        "with model_source 'hf' or 'modelscope': the repository (owner/name) to download "
+        "model_file from (default: the catalog's)",
+    ),
     Key("model_file", str, None, "the file's name (default: the catalog's)"),
     Key("model_sha256", str, None, "the file's sha256 (default: the catalog's)"),
     Key("model_dir", str, "/srv/models", "where models are kept on the box"),
@@ -198,12 +213,23 @@ KEYS: tuple[Key, ...] = (
         "the weights' quantisation or dtype (default: the catalog's), checked against the GPUs",
     ),
     # llama.cpp reads -c 0 as "the model's whole context"; gpubox sizes memory from model_ctx,
-    # so it must be the real number.
-    Key("model_ctx", int, 32768, "context length the server allocates", min=1),
+    # so it must be the real number. The defaults suit a box one team uses: two requests at
+    # once (two people or agents), each of which may use the whole context, since llama-server
+    # runs with a unified KV cache (-kvu): the slots share one pool of model_ctx tokens, so a
+    # second slot costs no memory, and each answer has room for the model card's thinking
+    # budget. More slots would split the decode speed between more streams.
+    Key(
+        "model_ctx",
+        int,
+        131072,
+        "context length the server allocates; with llama.cpp's unified KV cache every slot "
+        "may use all of it",
+        min=1,
+    ),
     Key(
         "model_parallel",
         int,
-        4,
+        2,
         "parallel request slots (llama.cpp -np, vLLM max seqs)",
         min=1,
     ),
@@ -220,6 +246,14 @@ KEYS: tuple[Key, ...] = (
     Key("llamacpp_cuda", bool, True, "build llama.cpp with CUDA (false: CPU only)"),
     Key("llamacpp_ccache", bool, False, "build llama.cpp through ccache (fast rebuilds)"),
     Key("llamacpp_extra_args", list, [], "more llama-server arguments, checked against --help"),
+    Key(
+        "llamacpp_split_mode",
+        str,
+        "layer",
+        "how llama.cpp splits the model over the GPUs (-sm): 'layer' (whole layers per GPU), "
+        "'row' or 'tensor' (each layer across every GPU)",
+        choices=LLAMA_SPLIT_MODES,
+    ),
     Key("vllm_enforce_eager", bool, False, "vLLM without CUDA graphs (slow decode)"),
     Key(
         "vllm_gpu_memory_utilization",
@@ -564,33 +598,50 @@ def _backend_problems(
         and not values["model_url"]
     ):
         problems.append(Problem(host, "model_url", "model_source is 'url' but model_url is unset"))
-    quantization = values["model_quantization"] or (
-        "fp16" if values["backend"] == "vllm" else model["quantization"]
-    )
+    if valid("model_repo") and values["model_repo"] is not None:
+        if not MODEL_REPO.fullmatch(values["model_repo"]):
+            problems.append(
+                Problem(
+                    host,
+                    "model_repo",
+                    f"must be a repository id like 'owner/name', got {values['model_repo']!r}",
+                )
+            )
+        elif valid("model_source") and values["model_source"] == "url":
+            problems.append(
+                Problem(
+                    host,
+                    "model_repo",
+                    "is not used with model_source 'url' (model_url is)",
+                    severity="warning",
+                )
+            )
+    quantization = values["model_quantization"] or model["quantization"]
+    vllm_version = ""
+    if values["backend"] == "vllm":
+        # What the vLLM unit runs: the image's tag, its CUDA, the checkpoint and whether it
+        # fits (gpubox.vllm_rules); compat judges the version and quantisation it reports.
+        vllm_version, findings = vllm_rules.check(values, host_catalog, model, skip=invalid)
+        problems += [Problem(host, f.key, f.message, f.severity) for f in findings]
+        flag = vllm_rules.quantization_flag(model)
+        quantization = values["model_quantization"] or (flag.replace("_", "-") if flag else "fp16")
     tensor_parallel = values["vllm_tensor_parallel"] or values["gpu_count"]
     for key, message in compat.check_backend(
         values["gpu_model"],
         values["gpu_count"],
         values["backend"],
         quantization,
-        host_catalog["vllm"]["version"],
+        vllm_version,
         tensor_parallel,
         values["model_ctx"],
         model["context"],
         skip=invalid,
     ):
         problems.append(Problem(host, key, message))
-    llama = host_catalog["llamacpp"]
-    if values["backend"] == "llamacpp" and not llama["sha256"]:
-        problems.append(
-            Problem(
-                host,
-                "catalog_overrides",
-                f"no pinned sha256 for the llama.cpp {llama['tag']} tarball: the first download is "
-                "trusted and its checksum printed; pin it with {'llamacpp.sha256': '...'}",
-                severity="warning",
-            )
-        )
+    if values["backend"] == "llamacpp":
+        problems += [
+            Problem(host, k, m) for k, m in _llamacpp_problems(values, host_catalog, valid)
+        ]
     gpu = compat.GPU_MODELS.get(values["gpu_model"])
     if (
         gpu
@@ -613,6 +664,115 @@ def _backend_problems(
                 )
             )
     return problems
+
+
+def _arg_values(args: list[Any], *names: str) -> list[str]:
+    """The values given to any of ``names`` in an argument list ("-c 0" or "-c=0")."""
+    found = []
+    for i, arg in enumerate(str(a) for a in args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found.append(str(args[i + 1]))
+            elif arg.startswith(name + "="):
+                found.append(arg[len(name) + 1 :])
+    return found
+
+
+def _llamacpp_problems(
+    values: dict[str, Any], host_catalog: dict[str, Any], valid: Callable[..., bool]
+) -> list[tuple[str, str]]:
+    """llama.cpp's rules: a pinned source, a per-slot context that holds a thinking answer,
+    and what each split mode needs. (key, message) pairs."""
+    found: list[tuple[str, str]] = []
+    llama = host_catalog["llamacpp"]
+    sha256 = str(llama["sha256"])
+    if not sha256:
+        found.append(
+            (
+                "catalog_overrides",
+                "llamacpp.sha256 is empty: set it to the sha256 its publisher gives for the "
+                "file at llamacpp.url (nothing is downloaded unverified)",
+            )
+        )
+    elif len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        found.append(
+            (
+                "catalog_overrides",
+                f"llamacpp.sha256 must be 64 lowercase hex digits, got {sha256!r}",
+            )
+        )
+    extra = [str(a) for a in values["llamacpp_extra_args"]]
+    model = host_catalog["models"][values["model"]]
+    thinking = model.get("thinking_output_tokens") or 0
+    # The sandbox's tiny model (a model_file of its own) is not the catalog's thinking model.
+    serves_catalog_file = values["model_file"] in (None, model["file"])
+    if serves_catalog_file and valid("model_ctx", "model_parallel", "llamacpp_extra_args"):
+        unified = not {"-no-kvu", "--no-kv-unified"} & set(extra)
+        per_slot = (
+            values["model_ctx"] if unified else values["model_ctx"] // values["model_parallel"]
+        )
+        if per_slot < thinking:
+            how = (
+                "with the unified KV cache each slot gets all of model_ctx"
+                if unified
+                else f"without the unified KV cache each slot gets model_ctx / model_parallel "
+                f"({values['model_ctx']} / {values['model_parallel']})"
+            )
+            found.append(
+                (
+                    "model_ctx",
+                    f"{values['model']} may think for {thinking} tokens (its model card's output "
+                    f"budget), but a slot holds {per_slot} tokens ({how}): raise model_ctx"
+                    + ("" if unified else " or lower model_parallel"),
+                )
+            )
+    if not valid("llamacpp_split_mode", "llamacpp_extra_args", "gpu_count"):
+        return found
+    mode = values["llamacpp_split_mode"]
+    if _arg_values(extra, "-sm", "--split-mode"):
+        found.append(("llamacpp_extra_args", "sets -sm: use llamacpp_split_mode instead"))
+    if mode in ("row", "tensor") and values["gpu_count"] < 2:
+        found.append(
+            (
+                "llamacpp_split_mode",
+                f"{mode!r} splits each layer across the GPUs: it needs gpu_count 2 or more "
+                f"(got {values['gpu_count']}); use 'layer'",
+            )
+        )
+    if mode == "tensor":
+        # llama.cpp's tensor split refuses to start without FlashAttention and needs an f16
+        # KV cache and an explicit context; gpubox passes -fa on -ctk f16 -ctv f16 -c model_ctx.
+        fa = [v for v in _arg_values(extra, "-fa", "--flash-attn") if v != "on"]
+        if fa:
+            found.append(
+                (
+                    "llamacpp_extra_args",
+                    f"llamacpp_split_mode 'tensor' needs FlashAttention on; the extra args set "
+                    f"-fa {fa[-1]}",
+                )
+            )
+        kv = [
+            v
+            for v in _arg_values(extra, "-ctk", "--cache-type-k", "-ctv", "--cache-type-v")
+            if v != "f16"
+        ]
+        if kv:
+            found.append(
+                (
+                    "llamacpp_extra_args",
+                    f"llamacpp_split_mode 'tensor' needs an f16 KV cache; the extra args ask for "
+                    f"{kv[-1]}",
+                )
+            )
+        if values["model_ctx"] <= 0 or "0" in _arg_values(extra, "-c", "--ctx-size"):
+            found.append(
+                (
+                    "model_ctx",
+                    "llamacpp_split_mode 'tensor' needs an explicit context: set model_ctx, "
+                    "and no -c 0 in llamacpp_extra_args",
+                )
+            )
+    return found
 
 
 def load_host_config(host: str, data: Mapping[str, Any]) -> HostConfig:

@@ -1,5 +1,6 @@
 """`make demo`: build (or reuse) the sandbox box, boot it, converge it with deploy/full.py,
-verify it with the host checks, and print a short summary.
+verify it with the host checks, and print a short summary. The deploy's output shows line by
+line as it runs (a long step's progress lines included), the summary at the end.
 
 The helpers here (deploy, checks) are what the integration tests and the benchmark use too:
 pyinfra and pytest run exactly as a user types them, inside the sandbox's network namespace.
@@ -14,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,18 +57,51 @@ class DeployRun:
         return self.rc == 0 and self.changed == 0 and self.errors == 0 and not self.failed_hosts
 
 
+def stream(
+    argv: list[str], echo: TextIO | None = None, merged: bool = False
+) -> tuple[int, str, str]:
+    """Run ``argv`` in the checkout; each line it writes to stderr (to either, ``merged``) is
+    copied to ``echo`` (sys.stderr by default) as it comes, not after the end. Returns the exit
+    status, stdout (kept in a temporary file meanwhile: pyinfra --json writes its report
+    there; empty when ``merged``) and stderr (both, ``merged``)."""
+    echo = echo or sys.stderr
+    lines: list[str] = []
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8") as out:
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if merged else out,
+            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+            bufsize=1,
+            errors="replace",
+        )
+        shown = proc.stdout if merged else proc.stderr
+        assert shown is not None
+        for line in shown:
+            lines.append(line)
+            echo.write(line)
+            echo.flush()
+        rc = proc.wait()
+        out.seek(0)
+        return rc, out.read(), "".join(lines)
+
+
 def deploy(
     deploy_file: str = "deploy/full.py", inventory: str = INVENTORY, extra: tuple[str, ...] = ()
 ) -> DeployRun:
+    """pyinfra as a user types it; its output shows as it runs (long steps print a progress
+    line every 10 s), the summary comes from its --json report."""
     argv = in_netns([str(BIN / "pyinfra"), "-y", "--json", *extra, inventory, deploy_file])
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True)
-    run = DeployRun(proc.returncode, time.monotonic() - start, output=proc.stderr)
-    sys.stderr.write(proc.stderr)
+    rc, stdout, stderr = stream(argv)
+    run = DeployRun(rc, time.monotonic() - start, output=stderr)
     try:
-        data = json.loads(proc.stdout)
+        data = json.loads(stdout)
     except json.JSONDecodeError:
-        run.output += proc.stdout
+        sys.stderr.write(stdout)
+        run.output += stdout
         return run
     results = data.get("results", {})
     for op in results.get("operations", []):
@@ -86,9 +121,8 @@ def burnin(inventory: str = INVENTORY) -> DeployRun:
     """`gpubox burnin INVENTORY`, as a user types it."""
     argv = in_netns([str(BIN / "gpubox"), "burnin", inventory])
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True)
-    sys.stderr.write(proc.stdout + proc.stderr)
-    return DeployRun(proc.returncode, time.monotonic() - start, output=proc.stdout + proc.stderr)
+    rc, _, output = stream(argv, merged=True)
+    return DeployRun(rc, time.monotonic() - start, output=output)
 
 
 def box_info() -> dict:
@@ -170,7 +204,7 @@ def main() -> int:
     print("== deploy/full.py against the sandbox box", flush=True)
     run = deploy()
     if run.rc != 0 or run.failed_hosts:
-        print(run.output[-3000:])
+        # its output was shown as it ran, the error included
         print(f"deploy failed (rc {run.rc}); the box is still up: gpubox sandbox ssh", flush=True)
         return 1
     print(f"== container image for the checks: {load_check_image()}", flush=True)

@@ -907,7 +907,12 @@ def format_bench(record: dict[str, Any] | None, model: str | None = None) -> str
     date = str(record.get("date") or "?")[:10]
     other = record.get("model")
     named = f" of model {other}" if other and other != model else ""
-    return f"last bench {date}{named}: " + ("; ".join(parts) or "no level measured")
+    text = f"last bench {date}{named}: " + ("; ".join(parts) or "no level measured")
+    if isinstance(record.get("llama_bench"), dict):  # gpubox bench --llama-bench
+        from gpubox.llamabench import summary_line
+
+        text += "; " + summary_line(record["llama_bench"])
+    return text
 
 
 def render_text(host: str, view: dict[str, Any], findings: list[Finding]) -> str:

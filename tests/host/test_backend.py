@@ -123,6 +123,40 @@ def test_a_streamed_chat_completion_returns_tokens(box, api):
 
 
 @pytest.mark.quick
+def test_every_slot_has_the_whole_context(box, api):
+    """llama-server's /props: the context of one slot (with the unified KV cache, all of
+    model_ctx) and the number of slots."""
+    if box.config.backend != "llamacpp":
+        pytest.skip("/props is llama.cpp's")
+    status, body = curl(box, f"{api}/props")
+    assert status == 200, f"{box.name}: /props answered {status}: {body[:200]}"
+    props = json.loads(body)
+    slot_ctx = props.get("default_generation_settings", {}).get("n_ctx")
+    assert (slot_ctx, props.get("total_slots")) == (
+        box.config.model_ctx,
+        box.config.model_parallel,
+    ), (
+        f"{box.name}: each of llama-server's {props.get('total_slots')} slots holds {slot_ctx} "
+        f"tokens; the config wants {box.config.model_parallel} slots of {box.config.model_ctx}"
+    )
+
+
+@pytest.mark.quick
+def test_llama_server_is_the_catalogs_commit_with_llama_bench_beside_it(box, api):
+    if box.config.backend != "llamacpp":
+        pytest.skip("llama.cpp is not the backend")
+    from gpubox.stages.llamacpp_build import llama_build
+
+    b = llama_build(box.config)
+    version = box.run(f"{shlex.quote(b.binary)} --version 2>&1").stdout
+    assert b.is_version(version), (
+        f"{box.name}: {b.binary} --version says {version.strip()!r}, not build "
+        f"{b.build_number} at commit {b.short_commit} (the catalog's)"
+    )
+    assert box.host.file(b.bench).is_executable, f"{box.name}: no {b.bench}"
+
+
+@pytest.mark.quick
 def test_metrics_answer(box, api):
     if box.config.backend != "llamacpp":
         pytest.skip("/metrics is llama.cpp's")

@@ -247,6 +247,41 @@ def test_the_api_serves_the_tiny_models_reply_and_reports_its_speed():
     assert timings["predicted_n"] >= 1
 
 
+def test_llama_cpp_is_the_catalogs_source_with_cuda_graphs_on_volta_and_full_slots():
+    """The box built the catalog's pinned llama.cpp (the sandbox served the same sdist bytes
+    under a mirror URL): the source check found CUDA graphs on from 7.0, llama-bench was built
+    beside llama-server, --version shows the catalog's commit, and each slot has the whole
+    model_ctx (unified KV cache)."""
+    config = load_host_config("b", {"llamacpp_cuda": False})
+    llama = config.catalog["llamacpp"]
+    d = f"{llama['prefix']}/{llama['tag']}"
+    graphs = box_sh(f"head -n 2 {d}/build.log")
+    print(f"\n{graphs.strip()}")
+    assert "disables CUDA graphs for cc < GGML_CUDA_CC_VOLTA" in graphs
+    assert "CUDA graphs on from compute capability 7.0 (Volta) up" in graphs
+    assert "bin/llama-bench" in box_sh(f"cat {d}/BUILD-FILES")
+    assert box_sh(f"{d}/bin/llama-bench --help >/dev/null 2>&1 && echo ok").strip() == "ok"
+    version = box_sh(f"{d}/bin/llama-server --version 2>&1")
+    print(version.strip().splitlines()[0])
+    assert f"(build {llama['build_number']}, commit {llama['commit'][:7]})" in version
+    unit = box_sh(f"systemctl show -p ExecStart --value {LLAMA}")
+    assert " -kvu " in unit and " -sm layer " in unit
+    key = box_sh("cat /etc/gpubox/api-key").strip()
+    props = json.loads(
+        box_sh(f"curl -sS -H 'Authorization: Bearer {key}' http://127.0.0.1:8080/props")
+    )
+    print(
+        f"/props: n_ctx {props['default_generation_settings']['n_ctx']}, "
+        f"total_slots {props['total_slots']}"
+    )
+    # the sandbox inventory's model_ctx 2048 and model_parallel 2: every slot gets all 2048
+    assert props["default_generation_settings"]["n_ctx"] == 2048
+    assert props["total_slots"] == 2
+    # build time, from the extracted tree to the marker (configure and build; printed only)
+    took = box_sh(f"echo $(( $(stat -c %Y {d}/BUILD-INFO.json) - $(stat -c %Y {d}/src) ))")
+    print(f"[sandbox timing] llama.cpp configure + build: {took.strip()} s")
+
+
 def test_a_changed_flag_restarts_the_service_once():
     before = invocation()
     changed = demo.deploy(extra=("--data", "model_parallel=3"))

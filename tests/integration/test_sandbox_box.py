@@ -3,8 +3,8 @@ reboot, Docker with the stand-in container toolkit, DCGM, the gpu-burn tarball, 
 source tarball, the tiny model and the compiler cache, and a down that leaves nothing behind.
 
 The tests run in file order against one box. The first run on a machine builds the root
-filesystem (about 75 s on 2 cores) and fetches llama-cpp-python's sdist from PyPI and packs
-llama.cpp's tarball from it (about a minute); after that `up` takes a few seconds. Timings are
+filesystem (about 75 s on 2 cores) and fetches llama-cpp-python's sdist (the catalog's
+llama.cpp source) from PyPI (about a minute); after that `up` takes a few seconds. Timings are
 printed (run with -s to see them), never asserted.
 """
 
@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -301,27 +302,24 @@ def test_gpu_burn_tarball(info: dict[str, Any]) -> None:
 
 
 def test_llamacpp_source_and_tiny_model_are_served(info: dict[str, Any]) -> None:
-    # GitHub's tag archive of llama.cpp, packed from PyPI's llama-cpp-python sdist (no build
-    # here: the deploy's integration test builds it)
-    assert info["llamacpp_url"].endswith(
-        "/github/ggml-org/llama.cpp/archive/refs/tags/{tag}.tar.gz"
-    )
-    assert (info["llamacpp_tag"], info["llamacpp_commit"]) == ("b11312", "0c1e570")
-    assert info["llamacpp_build_number"] == 11312
-    url = info["llamacpp_url"].format(tag=info["llamacpp_tag"])
+    # The catalog's llama.cpp source, PyPI's sdist byte for byte, at a path that mirrors
+    # files.pythonhosted.org (no build here: the deploy's integration test builds it)
+    llama = catalog.load()["llamacpp"]
+    pypi_path = urllib.parse.urlparse(llama["url"]).path
+    assert info["llamacpp_url"] == f"http://127.0.0.1:8765/pypi{pypi_path}"
+    assert not {"llamacpp_sha256", "llamacpp_tag", "llamacpp_commit"} & set(info)
     started = time.monotonic()
     out = sandbox.ssh(
         f"""set -e
-        curl -fsS -o /tmp/llama.cpp.tar.gz {url}
+        curl -fsS -o /tmp/llama.cpp.tar.gz {info["llamacpp_url"]}
         sha256sum < /tmp/llama.cpp.tar.gz | cut -d' ' -f1
         tar -tzf /tmp/llama.cpp.tar.gz > /tmp/llama.cpp.list
-        head -1 /tmp/llama.cpp.list
-        grep -c '^llama.cpp-b11312/tools/server/main.cpp$' /tmp/llama.cpp.list
+        grep -c '^{llama["tree"]}/tools/server/server-context.cpp$' /tmp/llama.cpp.list
         rm /tmp/llama.cpp.tar.gz /tmp/llama.cpp.list""",
         info=info,
     ).stdout.split()
-    _timing("llama.cpp tarball downloaded and listed", time.monotonic() - started)
-    assert out == [info["llamacpp_sha256"], "llama.cpp-b11312/", "1"]
+    _timing("llama.cpp sdist downloaded and listed", time.monotonic() - started)
+    assert out == [llama["sha256"], "1"]
 
     # the tiny model, whole and in a byte range (a resumed download)
     assert info["model_url"].endswith("/models/gpubox-tiny.gguf")

@@ -21,12 +21,55 @@ def problems(data):
 def test_llamacpp_is_built_for_sm_70_with_cuda_12_8():
     build = backend_stage.llama_build(load_host_config("b", REFERENCE))
     flags = build.cmake_flags()
+    assert flags[:2] == ["-G", "Ninja"]
     assert "-DGGML_CUDA=ON" in flags and "-DCMAKE_CUDA_ARCHITECTURES=70" in flags
     assert "-DCMAKE_CUDA_COMPILER=/usr/local/cuda-12.8/bin/nvcc" in flags
-    assert "-DLLAMA_BUILD_NUMBER=8054" in flags
-    assert build.binary == "/opt/llama.cpp/b8054/bin/llama-server"
+    # the catalog's build number and commit: what `llama-server --version` shows
+    assert "-DLLAMA_BUILD_NUMBER=11312" in flags and "-DLLAMA_BUILD_COMMIT=0c1e570" in flags
+    assert build.binary == "/opt/llama.cpp/b11312/bin/llama-server"
+    assert build.bench == "/opt/llama.cpp/b11312/bin/llama-bench"
     cpu = backend_stage.llama_build(load_host_config("b", {**REFERENCE, "llamacpp_cuda": False}))
     assert "-DGGML_CUDA=OFF" in cpu.cmake_flags() and cpu.info != build.info
+
+
+def test_the_build_fetches_the_pinned_sdist_and_extracts_only_its_llama_cpp_tree():
+    (command,) = backend_stage.build_commands(
+        backend_stage.llama_build(load_host_config("b", REFERENCE))
+    )
+    url = (
+        "https://files.pythonhosted.org/packages/ec/e9/"
+        "e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/"
+        "llama_cpp_python-0.3.36.tar.gz"
+    )
+    assert f'curl -fsSL --retry 3 -o "$t/src.tar.gz" {url};' in command
+    assert (
+        'if [ "$got" != 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e ]; '
+        "then" in command
+    )
+    assert (
+        'tar -xzf "$t/src.tar.gz" -C /opt/llama.cpp/b11312/src --strip-components=3 '
+        "--exclude=.git llama_cpp_python-0.3.36/vendor/llama.cpp;" in command
+    )
+    # the source check before CMake, on CPU builds too; Ninja builds both targets
+    assert command.index("ggml_cuda_graph_set_enabled") < command.index("cmake -S")
+    assert "--target llama-server llama-bench >> /opt/llama.cpp/b11312/build.log" in command
+    assert "test -x /opt/llama.cpp/b11312/build/bin/llama-bench;" in command
+
+
+def test_a_github_tag_archive_by_override_strips_its_top_directory():
+    data = {
+        **REFERENCE,
+        "catalog_overrides": {
+            "llamacpp.url": "https://github.example/llama.cpp/archive/refs/tags/{tag}.tar.gz",
+            "llamacpp.sha256": "ab" * 32,
+            "llamacpp.tree": "",
+        },
+    }
+    build = backend_stage.llama_build(load_host_config("b", data))
+    (command,) = backend_stage.build_commands(build)
+    assert "https://github.example/llama.cpp/archive/refs/tags/b11312.tar.gz;" in command
+    assert "--strip-components=1 --exclude=.git;" in command
+    assert build.info != backend_stage.llama_build(load_host_config("b", REFERENCE)).info
 
 
 def test_llama_server_flags_follow_the_config():
@@ -40,6 +83,7 @@ def test_llama_server_flags_follow_the_config():
         "--port 8080",
         "-c 65536",
         "-np 2",
+        "-kvu",
         "-ngl 999",
         "-sm layer",
         "-ts 1,1",
@@ -61,12 +105,78 @@ def test_the_flag_check_names_unknown_flags():
     assert "for f in --metrics -m;" in command and "does not know" in command
 
 
+def unit_of(data) -> str:
+    config = load_host_config("b", {**REFERENCE, **data})
+    return backend_stage.render(
+        "llama-server.service.j2",
+        tag="b11312",
+        commit="0c1e570",
+        environment=backend_stage.llama_environment(config),
+        model_file="m",
+        alias="a",
+        binary="/b",
+        args=" ".join(backend_stage.llama_args(config, "/m")),
+        api_key_file="/k",
+    )
+
+
+def test_split_mode_layer_is_the_default_with_no_p2p():
+    config = load_host_config("b", REFERENCE)
+    args = backend_stage.llama_args(config, "/m")
+    assert args[args.index("-sm") + 1] == "layer" and "-ctk" not in args
+    assert "GGML_CUDA_P2P" not in unit_of({})
+
+
+def test_split_mode_row_splits_each_layer_with_no_p2p():
+    args = backend_stage.llama_args(
+        load_host_config("b", {**REFERENCE, "llamacpp_split_mode": "row"}), "/m"
+    )
+    assert args[args.index("-sm") + 1] == "row" and "-ctk" not in args
+    assert "GGML_CUDA_P2P" not in unit_of({"llamacpp_split_mode": "row"})
+
+
+def test_split_mode_tensor_gets_f16_kv_flash_attention_and_peer_access():
+    config = load_host_config("b", {**REFERENCE, "llamacpp_split_mode": "tensor"})
+    text = " ".join(backend_stage.llama_args(config, "/m"))
+    for expected in ("-sm tensor", "-fa on", "-ctk f16 -ctv f16", "-c 131072", "-kvu"):
+        assert expected in text, expected
+    unit = unit_of({"llamacpp_split_mode": "tensor"})
+    assert "\nEnvironment=GGML_CUDA_P2P=1\n" in unit
+    # ...and the flag check asks the built binary whether its -sm offers tensor
+    check = backend_stage.flag_check_command("/b", ["-sm", "tensor"], "tensor")
+    assert "grep -qw -- tensor" in check
+
+
+def test_the_flag_check_runs_against_a_help_text(tmp_path):
+    """The flag check, run for real against a stand-in llama-server that prints a --help."""
+    import subprocess
+
+    binary = tmp_path / "llama-server"
+    binary.write_text(
+        "#!/bin/sh\ncat <<'EOF'\n-c,    --ctx-size N\n-kvu,  --kv-unified, -no-kvu\n"
+        "-sm,   --split-mode {none,layer,row}\n-fa,   --flash-attn [on|off|auto]\nEOF\n"
+    )
+    binary.chmod(0o755)
+
+    def check(args, mode):
+        command = backend_stage.flag_check_command(str(binary), args, mode)
+        return subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+
+    assert check(["-c", "1", "-kvu", "-sm", "row"], "row").returncode == 0
+    unknown = check(["-c", "1", "-kvu", "--nope"], "layer")
+    assert unknown.returncode == 1 and "does not know: --nope" in unknown.stderr
+    no_tensor = check(["-sm", "tensor"], "tensor")
+    assert no_tensor.returncode == 1 and "offers no -sm tensor" in no_tensor.stderr
+
+
 def test_the_unit_reads_the_key_as_a_credential_never_on_the_command_line():
     from gpubox.stages import render
 
     unit = render(
         "llama-server.service.j2",
         tag="b1",
+        commit="0c1e570",
+        environment=[],
         model_file="m",
         alias="a",
         binary="/b",
@@ -85,16 +195,25 @@ def test_fresh_box_builds_generates_a_key_and_waits_for_health(plan_of):
         "model_sha256": "ab" * 32,
     }
     plan = plan_of(backend_stage.backend, data, fresh_box("ubuntu2404"))
-    (build,) = plan.op("Build llama-server b8054")
+    assert "ninja-build" in plan.installs()
+    (build,) = plan.op("Build llama-server b11312")
     assert "-DCMAKE_CUDA_ARCHITECTURES=70" in build
+    # a long step: the build runs in the background, Ninja's "[n/N]" read from its log
+    assert "gpubox long step" in build and "/opt/llama.cpp/b11312/build.log" in build
+    (command,) = backend_stage.build_commands(
+        backend_stage.llama_build(load_host_config("b", data))
+    )
+    assert command in build
     (download,) = [c for n, c in plan.ops if "Download and verify m.gguf" in n]
-    assert "curl -fL --retry 10 --retry-delay 5 -C - -o /srv/models/m.gguf.part" in download[1]
+    assert "curl -fL --retry 10 --retry-delay 5 -C - -o /srv/models/m.gguf.part" in download[0]
     assert plan.op("Generate the API key")
     assert [n for n in plan.names if "Wait for the API" in n]
 
 
 def test_vllm_unit_flags_volumes_and_no_key_on_the_command_line():
-    config = load_host_config("b", {**REFERENCE, "backend": "vllm", "model_parallel": 8})
+    config = load_host_config(
+        "b", {**REFERENCE, "backend": "vllm", "model_parallel": 8, "model_ctx": 32768}
+    )
     unit = vllm_stage.unit_text(config)
     for expected in (
         "--runtime nvidia --gpus all --ipc=host",
@@ -127,7 +246,8 @@ def test_vllm_plan_warms_up_and_stops_llama_server(plan_of):
         **{"systemctl list-unit-files gpubox-llama-server": "gpubox-llama-server.service enabled"},
     )
     plan = plan_of(backend_stage.backend, {**REFERENCE, "backend": "vllm"}, answers)
-    assert plan.op("Pull vllm/vllm-openai:v0.19.1") == ["docker pull vllm/vllm-openai:v0.19.1"]
+    (pull,) = plan.op("Pull vllm/vllm-openai:v0.19.1")
+    assert "docker pull vllm/vllm-openai:v0.19.1" in pull  # a long step, with progress
     (warm,) = plan.op("Warm-up request")
     # The key reaches curl on its standard input (--config -), never in an argument.
     assert "--config - " in warm and "/etc/gpubox/api-key" in warm

@@ -25,7 +25,8 @@ def test_guard_refuses_a_toolkit_that_would_pull_a_driver(plan_of):
         fresh_box("ubuntu2404", **{"dpkg -l": ["ii  cuda-toolkit-12-8  12.8.1-1  amd64  toolkit"]}),
     )
     assert not [n for n in installed.names if "pulls no driver" in n]
-    assert installed.op("Install cuda-toolkit-12-8") == []
+    # the install is a long step (it always runs when planned): planned only when needed
+    assert not [n for n in installed.names if "Install cuda-toolkit-12-8" in n]
 
 
 def test_paths_point_at_12_8(plan_of):

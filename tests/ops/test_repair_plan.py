@@ -45,8 +45,8 @@ def test_a_deleted_nvcc_plans_a_reinstall_of_its_package_then_ldconfig(plan_of):
     assert plan.op("Reinstall CUDA 12.8 packages missing a file") == [
         REINSTALL + "cuda-nvcc-12-8=12.8.93-1"
     ]
-    # apt counts the toolkit installed: the plain install is a noop, only the reinstall helps
-    assert plan.op("Install cuda-toolkit-12-8") == []
+    # apt counts the toolkit installed: no install is planned, only the reinstall helps
+    assert not [n for n in plan.names if "Install cuda-toolkit-12-8" in n]
     assert any(n.split(" | ")[-1] == "ldconfig" for n in plan.conditional)
 
 
@@ -147,14 +147,16 @@ def test_an_intact_build_is_not_rebuilt_and_nothing_restarts(plan_of):
 def test_a_deleted_llama_server_is_rebuilt_though_the_marker_matches_then_restarted(plan_of):
     answers = llama_answers(**{backend_stage.BUILD_FILES: ["bin/llama-server"]})
     plan = plan_of(backend_stage.backend, LLAMA_DATA, answers)
-    (build,) = plan.op("Build llama-server b8054")
-    assert [build] == backend_stage.build_commands(llama())
+    (build,) = plan.op("Build llama-server b11312")
+    # the build runs as a long step (progress lines); the script inside it is the build's
+    (command,) = backend_stage.build_commands(llama())
+    assert command in build
     assert [n for n in plan.names if "(Re)start llama-server" in n]
 
 
 def test_a_changed_build_info_rebuilds(plan_of):
     plan = plan_of(backend_stage.backend, LLAMA_DATA, llama_answers(info='{"tag": "b1"}'))
-    assert plan.op("Build llama-server b8054")
+    assert plan.op("Build llama-server b11312")
 
 
 def test_a_build_from_before_the_manifest_is_recorded_not_rebuilt(plan_of):
@@ -163,11 +165,11 @@ def test_a_build_from_before_the_manifest_is_recorded_not_rebuilt(plan_of):
     answers = llama_answers(**{backend_stage.BUILD_FILES: [manifest], f"test -x {b.binary}": "yes"})
     plan = plan_of(backend_stage.backend, LLAMA_DATA, answers)
     assert not [n for n in plan.names if "Build llama-server" in n]
-    (record,) = plan.op("Record the files of llama-server b8054")
+    (record,) = plan.op("Record the files of llama-server b11312")
     assert "stat -c '%s %n' -- bin/*" in record and "BUILD-FILES" in record
     # ... unless its binary is gone too
     gone = llama_answers(**{backend_stage.BUILD_FILES: [manifest]})
-    assert plan_of(backend_stage.backend, LLAMA_DATA, gone).op("Build llama-server b8054")
+    assert plan_of(backend_stage.backend, LLAMA_DATA, gone).op("Build llama-server b11312")
 
 
 def test_the_build_command_keeps_the_rule():
@@ -202,9 +204,15 @@ def test_a_model_that_changed_since_it_was_verified_is_verified_again(plan_of):
     plan = plan_of(model_stage.model, LLAMA_DATA, answers)
     config = load_host_config("b", LLAMA_DATA)
     p = model_stage.plan(config)
-    (download,) = [c for n, c in plan.ops if "Download and verify m.gguf" in n]
-    assert download == model_stage.download_commands(
-        p, config.catalog["hf"]["endpoint"], config.catalog["modelscope"]["endpoint"]
+    ((download,),) = [c for n, c in plan.ops if "Download and verify m.gguf" in n]
+    assert "gpubox long step" in download  # with progress lines (gpubox.progress)
+    assert (
+        model_stage.step_command(
+            model_stage.download_commands(
+                p, config.catalog["hf"]["endpoint"], config.catalog["modelscope"]["endpoint"]
+            )
+        )
+        in download
     )
 
 

@@ -57,7 +57,9 @@ def test_every_number_key_refuses_a_value_past_its_range(key):
 def test_every_number_key_accepts_the_ends_of_its_range(key):
     for value in (key.min, key.max):
         if value is not None:
-            assert key.name not in errors({key.name: key.type(value)})
+            # other rules may still refuse the value (model_ctx 1 holds no thinking answer)
+            message = errors({key.name: key.type(value)}).get(key.name, "")
+            assert not message.startswith("must be"), message
 
 
 @pytest.mark.parametrize(

@@ -211,7 +211,18 @@ def llama(tmp_path):
     replaced: `cmake --build` writes bin/llama-server and a library, or, with
     tmp_path/mode holding "kill", writes half a binary and kills the build's shell (a deploy
     cut short), or with "fail" exits 2."""
-    source = tarball("llama.cpp-b1", {"CMakeLists.txt": "project(llama)\n"})
+    source = tarball(
+        "llama.cpp-b1",
+        {
+            "CMakeLists.txt": "project(llama)\n",
+            # what the build's source check reads: CUDA graphs from compute capability 7.0
+            "ggml/src/ggml-cuda/ggml-cuda.cu": (
+                "static bool ggml_cuda_graph_set_enabled(void * c, const void * k) {\n"
+                "    if (cc < GGML_CUDA_CC_VOLTA) { return false; }\n}\n"
+            ),
+            "ggml/src/ggml-cuda/gated_delta_net.cu": "\n",
+        },
+    )
     (tmp_path / "src.tar.gz").write_bytes(source)
     (tmp_path / "mode").write_text("ok")
     shims = tmp_path / "bin"
@@ -232,12 +243,15 @@ def llama(tmp_path):
         '  fail) echo "error: nvcc fatal" >&2; exit 2;;\n'
         "esac\n"
         'printf "#!/bin/sh\\necho build $((n + 1))\\n" > "$b/bin/llama-server"\n'
-        'chmod 755 "$b/bin/llama-server"; printf "lib %s" "$n" > "$b/bin/libllama.so"\n',
+        'chmod 755 "$b/bin/llama-server"; printf "lib %s" "$n" > "$b/bin/libllama.so"\n'
+        'cp "$b/bin/llama-server" "$b/bin/llama-bench"\n',
     )
     build = backend_stage.LlamaBuild(
         tag="b1",
+        build_number=1,
         url="http://127.0.0.1:9/b1.tar.gz",
         sha256=hashlib.sha256(source).hexdigest(),
+        tree="",
         commit="",
         cuda=False,
         architectures="70",

@@ -1,8 +1,8 @@
 """The sandbox: a local stand-in box to try and test gpubox on.
 
 A Debian 12 systemd host in systemd-nspawn, in its own network namespace, reached over SSH
-like any other host, plus a stand-in NVIDIA apt repository and stand-in GPUs, llama.cpp's
-source where GitHub's tag archive would be (llamacpp.py), a tiny GGUF model (tinymodel.py)
+like any other host, plus a stand-in NVIDIA apt repository and stand-in GPUs, the catalog's
+llama.cpp source on a PyPI stand-in (llamacpp.py), a tiny GGUF model (tinymodel.py)
 and a compiler cache that outlives the box. Nothing here is ever shipped to a real box, and
 no stage knows the sandbox exists: inventories/sandbox.py turns ``box_info()`` into ordinary
 host data.

@@ -9,11 +9,12 @@ Lifecycle:
 
 ``up``   root filesystem from the cache (debootstrap once per recipe hash, then a fresh
          ``cp -a`` per box), netns, mirror bridge (socat host <-> unix socket <-> socat in the
-         netns), stand-in repository server (which also serves llama.cpp's source as GitHub's
-         tag archive and a tiny GGUF model: llamacpp.py, tinymodel.py), nspawn under a
-         supervisor that boots the box again when it exits with 133 (the box ran ``reboot``),
-         with the host's compiler cache bind-mounted at CCACHE_DIR; wait until systemd says
-         running.
+         netns), stand-in repository server (which also serves the catalog's llama.cpp sdist
+         as a PyPI mirror would and a tiny GGUF model: llamacpp.py, tinymodel.py), a
+         Hugging Face Hub and PyPI mirror (hub.py, pypi.py: the tiny model for the real hf
+         tool, and that tool's wheels), nspawn under a supervisor that boots the box again
+         when it exits with 133 (the box ran ``reboot``), with the host's compiler cache
+         bind-mounted at CCACHE_DIR; wait until systemd says running.
 ``down`` orderly poweroff (SIGTERM to nspawn, SIGKILL after 30 s), then every process we
          started, by PID (never by name: the box's processes are visible on the host), then
          the netns; checks that no process, mount or namespace is left behind.
@@ -47,6 +48,7 @@ SSH_PORT = 2222
 SSH_USER = "root"
 SSH_HOST = "127.0.0.1"
 REPO_PORT = 8765
+HUB_PORT = 8766  # the Hugging Face Hub and PyPI mirror (hub.py)
 REPO_DISTRO = "debian12"
 SUITE = "bookworm"
 # A fresh Debian install enables main only; the deploy enables contrib itself.
@@ -1003,28 +1005,24 @@ def _nspawn_record(sdir: Path) -> dict[str, int] | None:
 
 def ensure_served_files(progress: Progress = _quiet) -> tuple[dict[str, Path], dict[str, Any]]:
     """What the loopback server publishes beside the stand-in repositories, from caches of
-    their own: llama.cpp's source as GitHub's tag archive (packed from PyPI's
-    llama-cpp-python sdist, once) and the tiny GGUF model. Returns (URL path -> file, the
-    box.json facts)."""
+    their own: the catalog's llama.cpp source (PyPI's llama-cpp-python sdist, unchanged, at a
+    path that mirrors files.pythonhosted.org) and the tiny GGUF model. Returns (URL path ->
+    file, the box.json facts)."""
     from gpubox.sandbox import llamacpp, tinymodel
 
     try:
-        source = llamacpp.ensure_tarball(cache_dir() / "llamacpp", progress)
+        source = llamacpp.ensure_sdist(cache_dir() / "llamacpp", progress)
         model = tinymodel.ensure(cache_dir() / "models")
     except (llamacpp.LlamaCppSourceError, tinymodel.TinyModelError) as exc:
         raise SandboxError(str(exc)) from exc
     server = f"http://127.0.0.1:{REPO_PORT}/"
     files = {
-        llamacpp.URL_PATH.format(tag=source["tag"]): Path(source["path"]),
+        source["served_path"]: Path(source["path"]),
         tinymodel.URL_PATH: Path(model["path"]),
     }
     facts = {
-        # "{tag}" is kept, as in catalog.yml llamacpp.url
-        "llamacpp_url": server + llamacpp.URL_PATH,
-        "llamacpp_sha256": source["sha256"],
-        "llamacpp_tag": source["tag"],
-        "llamacpp_build_number": source["build_number"],
-        "llamacpp_commit": source["commit"],
+        # the only llama.cpp override of the sandbox inventory: a PyPI mirror's URL
+        "llamacpp_url": server + source["served_path"],
         "model_url": server + tinymodel.URL_PATH,
         "model_file": model["file"],
         "model_sha256": model["sha256"],
@@ -1032,6 +1030,19 @@ def ensure_served_files(progress: Progress = _quiet) -> tuple[dict[str, Path], d
         "model_reply": model["reply"],
     }
     return files, facts
+
+
+def _prepare_hub(
+    sdir: Path, served: dict[str, Path], progress: Progress
+) -> tuple[list[str], dict[str, Any]]:
+    """The Hub and PyPI mirror's arguments and box.json facts (hub.py): the tiny model in a
+    Hub repository, the wheels of the hf tool in a simple index."""
+    from gpubox.sandbox import hub, pypi, tinymodel
+
+    try:
+        return hub.prepare(cache_dir(), sdir, served[tinymodel.URL_PATH], progress)
+    except pypi.PyPIMirrorError as exc:
+        raise SandboxError(str(exc)) from exc
 
 
 # --------------------------------------------------------------------------- up / down
@@ -1073,6 +1084,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
     pristine = ensure_rootfs(rebuild=rebuild, progress=progress)
     repo = standin_repo.ensure_repo(cache_dir() / "repo", rebuild=rebuild, progress=progress)
     served, served_facts = ensure_served_files(progress)
+    hub_args, hub_facts = _prepare_hub(sdir, served, progress)
     ccache = cache_dir() / "ccache"
     ccache.mkdir(parents=True, exist_ok=True)
 
@@ -1108,6 +1120,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
     }
     state.update(standin_repo.repo_facts(repo, REPO_PORT))
     state.update(served_facts)
+    state.update(hub_facts)
     state.update(ccache_dir=CCACHE_DIR, ccache_host_dir=str(ccache))
     _write_state(sdir, state)
 
@@ -1193,6 +1206,26 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
             10,
             "the stand-in repository server",
         )
+        # the Hugging Face Hub and PyPI mirror (hub.py), which exits with the supervisor too
+        procs["hub_server"] = _spawn(
+            netns_argv(
+                [
+                    sys.executable,
+                    "-c",
+                    _HELPER.format(module="hub"),
+                    "serve",
+                    *hub_args,
+                    "--watch-pid",
+                    str(procs["supervisor"]["pid"]),
+                    "--watch-start-time",
+                    str(procs["supervisor"]["start_time"]),
+                ]
+            ),
+            sdir / "logs" / "hub-server.log",
+            env=_child_env(),
+        )
+        _write_state(sdir, state)
+        _wait_for(lambda: _listening(procs["hub_server"], HUB_PORT), 10, "the Hub and PyPI mirror")
         _wait_for(lambda: _nspawn_record(sdir) is not None, 10, "systemd-nspawn to start")
         procs["nspawn"] = _nspawn_record(sdir)
         t1 = time.monotonic()
@@ -1285,7 +1318,7 @@ def _down(sdir: Path, state: dict[str, Any], progress: Progress) -> dict[str, An
     # killing PID 1 of the box's PID namespace takes every process in the box with it
     if _signal(init, signal.SIGKILL):
         _wait_gone([init], 10)
-    for name in ("repo_server", "mirror_socat_netns", "mirror_socat_host"):
+    for name in ("hub_server", "repo_server", "mirror_socat_netns", "mirror_socat_host"):
         _stop(procs.get(name))
     # the box's own processes die with its PID namespace's init; make sure, by PID
     for pid in processes_in_namespace(pid_namespace):

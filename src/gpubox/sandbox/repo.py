@@ -35,8 +35,9 @@ cannot reach:
   (``github/wilicc/gpu-burn/archive/<commit>.tar.gz``, top directory ``gpu-burn-<commit>/``),
   built from the stand-in source tree in ``standin/gpu-burn`` with fixed modes and times and
   ``gzip -n``, so its sha256 is stable; the commit id is derived from the tree's content;
-- files from caches of their own, given with ``--file URL_PATH=FILE``: llama.cpp's source as
-  GitHub's tag archive (llamacpp.py) and the tiny GGUF model (tinymodel.py).
+- files from caches of their own, given with ``--file URL_PATH=FILE``: the catalog's llama.cpp
+  source, PyPI's sdist unchanged under ``pypi/packages/...`` (llamacpp.py), and the tiny GGUF
+  model (tinymodel.py).
 
 Single byte ranges are answered (206), as GitHub's and Hugging Face's servers do, so a resumed
 download works against it.

@@ -1,144 +1,29 @@
 """Stage: the OpenAI-compatible API: llama.cpp built on the box for its GPUs (the default on
 Volta) or vLLM in Docker, serving the configured model with an API key. Switching the backend
-stops and disables the other one.
-
-llama.cpp's build is all or nothing: its marker (BUILD-INFO.json) is removed before anything in
-the install directory changes and written last, after the complete build's bin/ has replaced
-the old one in a rename and the size of each of its files is recorded (BUILD-FILES). A build
-cut short (a killed deploy) leaves no marker and is built again; a deleted or changed
-llama-server or library is rebuilt even when the marker matches; the service only ever runs a
-bin/ that was complete when it was put in place."""
+stops and disables the other one. llama.cpp's build (pinned source, all or nothing) is
+llamacpp_build.py; here are its server's flags and unit."""
 
 from __future__ import annotations
 
-import json
 import shlex
-from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, deploy, operation
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import server, systemd
 
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
-from gpubox.stages import ManagedFiles, current_config, render
+from gpubox.facts import CommandOutput
+from gpubox.stages import ManagedFiles, current_config, llamacpp_build, render
+from gpubox.stages.llamacpp_build import BUILD_FILES as BUILD_FILES
+from gpubox.stages.llamacpp_build import BUILD_INFO as BUILD_INFO
+from gpubox.stages.llamacpp_build import LlamaBuild as LlamaBuild
+from gpubox.stages.llamacpp_build import build_commands as build_commands
+from gpubox.stages.llamacpp_build import llama_build as llama_build
 from gpubox.stages.model import model as model_stage
 from gpubox.stages.model import plan as model_plan
 
 LLAMA_UNIT = "gpubox-llama-server"
 VLLM_UNIT = "gpubox-vllm"
-BUILD_INFO = "BUILD-INFO.json"
-BUILD_FILES = "BUILD-FILES"  # size of each file of bin/, recorded after a complete build
-LLAMA_BUILD_PACKAGES = ["cmake", "g++", "make", "libssl-dev", "curl"]
-
-
-@dataclass(frozen=True)
-class LlamaBuild:
-    tag: str
-    url: str
-    sha256: str
-    commit: str
-    cuda: bool
-    architectures: str  # CMAKE_CUDA_ARCHITECTURES, e.g. "70"
-    nvcc: str
-    ccache: bool
-    prefix: str
-
-    @property
-    def directory(self) -> str:
-        return f"{self.prefix}/{self.tag}"
-
-    @property
-    def binary(self) -> str:
-        return f"{self.directory}/bin/llama-server"
-
-    def cmake_flags(self) -> list[str]:
-        number = "".join(ch for ch in self.tag if ch.isdigit())
-        flags = [
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DGGML_NATIVE=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_EXAMPLES=OFF",
-            "-DLLAMA_USE_PREBUILT_UI=OFF",
-            f"-DLLAMA_BUILD_NUMBER={number}",
-        ]
-        if self.commit:
-            flags.append(f"-DLLAMA_BUILD_COMMIT={self.commit}")
-        if self.cuda:
-            # real sm_70 code, not PTX compiled at the first start
-            flags += [
-                "-DGGML_CUDA=ON",
-                f"-DCMAKE_CUDA_ARCHITECTURES={self.architectures}",
-                f"-DCMAKE_CUDA_COMPILER={self.nvcc}",
-            ]
-        else:
-            flags.append("-DGGML_CUDA=OFF")
-        if self.ccache:
-            flags += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
-            if self.cuda:
-                flags.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
-        return flags
-
-    @property
-    def info(self) -> str:
-        """What the install records; a different one means rebuild."""
-        return json.dumps(
-            {"tag": self.tag, "sha256": self.sha256, "flags": self.cmake_flags()}, sort_keys=True
-        )
-
-
-def llama_build(config: HostConfig) -> LlamaBuild:
-    llama = config.catalog["llamacpp"]
-    major, minor = config.gpu.compute_capability
-    return LlamaBuild(
-        tag=llama["tag"],
-        url=llama["url"].format(tag=llama["tag"]),
-        sha256=llama["sha256"],
-        commit=llama["commit"],
-        cuda=config.llamacpp_cuda,
-        architectures=f"{major}{minor}",
-        nvcc=f"{config.cuda['prefix']}/bin/nvcc",
-        ccache=config.llamacpp_ccache,
-        prefix=llama["prefix"],
-    )
-
-
-def build_commands(b: LlamaBuild) -> list[str]:
-    """One shell command, all or nothing (`set -e`, one statement per step so that no failure
-    hides inside an `&&` chain): the marker goes first, the new bin/ replaces the old one only
-    once complete, the file sizes and then the marker are written last."""
-    q = shlex.quote
-    d = q(b.directory)
-    verify = (
-        f'if [ "$got" != {q(b.sha256)} ]; then echo "gpubox: llama.cpp {b.tag} tarball has '
-        f'sha256 $got, the catalog pins {b.sha256}; refusing it" >&2; exit 1; fi; '
-        if b.sha256
-        else f'echo "gpubox: WARNING: no pinned sha256 for llama.cpp {b.tag}; got $got '
-        '(set llamacpp.sha256 to pin it)" >&2; '
-    )
-    env = "CCACHE_DIR=/var/cache/gpubox-ccache CCACHE_BASEDIR=" + d + " " if b.ccache else ""
-    return [
-        "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
-        # not built until this build is complete
-        f"rm -f {d}/{BUILD_INFO} {d}/{BUILD_FILES}; "
-        f"echo 'gpubox: downloading llama.cpp {b.tag}'; "
-        f'curl -fsSL --retry 3 -o "$t/src.tar.gz" {q(b.url)}; '
-        'got=$(sha256sum "$t/src.tar.gz" | cut -d" " -f1); '
-        + verify
-        + f"rm -rf {d}/src {d}/build {d}/bin.new {d}/bin.old; mkdir -p {d}/src; "
-        f'tar -xzf "$t/src.tar.gz" -C {d}/src --strip-components=1; '
-        f"echo 'gpubox: building llama-server {b.tag} (this takes a while)'; "
-        f"{env}cmake -S {d}/src -B {d}/build {' '.join(b.cmake_flags())} >/dev/null; "
-        f"{env}cmake --build {d}/build -j$(nproc) --target llama-server; "
-        f"test -x {d}/build/bin/llama-server; "
-        f"cp -a {d}/build/bin {d}/bin.new; "
-        # two renames: bin/ is always a complete build, never a half-copied one
-        f"if [ -e {d}/bin ]; then mv {d}/bin {d}/bin.old; fi; "
-        f"mv {d}/bin.new {d}/bin; rm -rf {d}/bin.old; "
-        + manifest_command(b.directory, BUILD_FILES, "bin/*")
-        + "; "
-        f"echo {q(b.info)} > {d}/{BUILD_INFO}.new; mv {d}/{BUILD_INFO}.new {d}/{BUILD_INFO}",
-    ]
 
 
 def llama_args(config: HostConfig, model_path: str) -> list[str]:
@@ -150,8 +35,10 @@ def llama_args(config: HostConfig, model_path: str) -> list[str]:
         "--port", str(config.api_port),
         "-c", str(config.model_ctx),
         "-np", str(config.model_parallel),
+        # one KV cache shared by the slots: each may use all of -c, and a slot costs no memory
+        "-kvu",
         "-ngl", "999",  # every layer on the GPUs
-        "-sm", "layer",
+        "-sm", config.llamacpp_split_mode,
         "-ts", ",".join(["1"] * config.gpu_count),
         "-fa", "on",
         "--jinja",
@@ -163,17 +50,31 @@ def llama_args(config: HostConfig, model_path: str) -> list[str]:
         "--api-key-file", "${CREDENTIALS_DIRECTORY}/api-key",
         "--metrics",
     ]  # fmt: skip
+    if config.llamacpp_split_mode == "tensor":
+        # the tensor split runs only with an f16 KV cache (and -fa on, an explicit -c)
+        args += ["-ctk", "f16", "-ctv", "f16"]
     return args + [str(a) for a in config.llamacpp_extra_args]
 
 
-def flag_check_command(binary: str, args: list[str]) -> str:
-    """Fail with the flags `llama-server --help` does not know (they change between tags)."""
+def llama_environment(config: HostConfig) -> list[str]:
+    """The unit's Environment= lines. The tensor split copies activations between the GPUs
+    at every layer; ggml's CUDA backend turns peer access (NVLink) on only when
+    GGML_CUDA_P2P is set."""
+    return ["GGML_CUDA_P2P=1"] if config.llamacpp_split_mode == "tensor" else []
+
+
+def flag_check_command(binary: str, args: list[str], split_mode: str = "layer") -> str:
+    """Fail with the flags `llama-server --help` does not know (they change between tags),
+    or when its -sm does not offer ``split_mode``."""
     flags = sorted({a for a in args if a.startswith("-") and not a[1:2].isdigit()})
+    mode = shlex.quote(split_mode)
     return (
         f"help=$({binary} --help 2>&1); missing=; for f in {' '.join(flags)}; do "
         'echo "$help" | grep -qE -- "(^|[ ,])$f([ ,=]|$)" || missing="$missing $f"; done; '
         'if [ -n "$missing" ]; then echo "gpubox: this llama-server does not know:$missing '
-        '(llama.cpp flags change between tags)" >&2; exit 1; fi'
+        '(llama.cpp flags change between tags)" >&2; exit 1; fi; '
+        f'if ! echo "$help" | grep -- "--split-mode" | grep -qw -- {mode}; then '
+        f'echo "gpubox: this llama-server offers no -sm {split_mode}" >&2; exit 1; fi'
     )
 
 
@@ -241,29 +142,8 @@ def stop_other(unit: str) -> None:
 
 
 def llamacpp(config: HostConfig, model_change) -> None:
+    build = llamacpp_build.build(config)
     b = llama_build(config)
-    packages = LLAMA_BUILD_PACKAGES + (["ccache"] if b.ccache else [])
-    apt.packages(name="llama.cpp build dependencies", packages=packages, no_recommends=True)
-    info = host.get_fact(CommandOutput, command=f"cat {b.directory}/{BUILD_INFO}").strip()
-    manifest = f"{b.directory}/{BUILD_FILES}"
-    damaged = host.get_fact(ManifestProblems, manifest=manifest) if info == b.info else []
-    build = None
-    if info == b.info and damaged == [manifest]:
-        # built by a gpubox that recorded no sizes: record them, do not rebuild
-        binary = host.get_fact(CommandOutput, command=f"test -x {b.binary} && echo yes").strip()
-        if binary == "yes":
-            server.shell(
-                name=f"Record the files of llama-server {b.tag}",
-                commands=[manifest_command(b.directory, BUILD_FILES, "bin/*")],
-            )
-            damaged = []
-    if info != b.info or damaged:
-        why = f"{', '.join(damaged)} missing or changed" if damaged else f"CUDA: {b.cuda}"
-        logger.info(f"{host.name}: llama.cpp {b.tag} will be built (minutes; {why})")
-        build = server.shell(
-            name=f"Build llama-server {b.tag} ({'CUDA ' + b.architectures if b.cuda else 'CPU'})",
-            commands=build_commands(b),
-        )
     server.user(
         name="System user llama",
         user="llama",
@@ -277,6 +157,8 @@ def llamacpp(config: HostConfig, model_change) -> None:
     unit_text = render(
         "llama-server.service.j2",
         tag=b.tag,
+        commit=b.short_commit,
+        environment=llama_environment(config),
         model_file=model_plan(config).file,
         alias=config.model_alias,
         binary=b.binary,
@@ -292,7 +174,7 @@ def llamacpp(config: HostConfig, model_change) -> None:
 
     server.shell(
         name="Check the flags against llama-server --help",
-        commands=[flag_check_command(b.binary, args)],
+        commands=[flag_check_command(b.binary, args, config.llamacpp_split_mode)],
         _if=any_change,
     )
     systemd.daemon_reload(name="Reload systemd units (llama-server)", _if=unit.did_change)

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt, server
+from pyinfra.operations import server
 
-from gpubox import operations, preflight
+from gpubox import operations, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.stages import ManagedFiles, Target, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
@@ -84,6 +85,16 @@ def guard_command(package: str) -> str:
     )
 
 
+def install_command(package: str, version: str) -> str:
+    """The apt-get install of the pinned toolkit, as pyinfra's apt.packages words it (no
+    recommends, a downgrade allowed so that the pin wins)."""
+    return (
+        noninteractive_apt("install --no-install-recommends --allow-downgrades")
+        + " "
+        + shlex.quote(f"{package}={version}")
+    )
+
+
 @deploy("CUDA toolkit")
 def cuda() -> None:
     config = current_config()
@@ -97,12 +108,12 @@ def cuda() -> None:
             name=f"Check that {p.package} pulls no driver",
             commands=[guard_command(f"{p.package}={p.package_version}")],
         )
-    apt.packages(
-        name=f"Install {p.package} (toolkit only, no driver)",
-        packages=[f"{p.package}={p.package_version}"],
-        no_recommends=True,
-        allow_downgrades=True,
-    )
+        # a ~3 GB download then minutes of dpkg: a progress line every 10 s meanwhile
+        progress.long_step(
+            name=f"Install {p.package} (toolkit only, no driver)",
+            command=install_command(p.package, p.package_version),
+            probe=progress.apt_probe(),
+        )
     # e.g. nvcc deleted: apt still counts its package installed, so only a reinstall helps
     repaired = operations.reinstall(
         name=f"Reinstall CUDA {config.cuda_version} packages missing a file (nvcc, libraries)",

@@ -5,26 +5,43 @@ and skipped when it is already there and verified.
 What was verified is recorded next to the file (``<file>.gpubox-verified``) with the file's
 size and mtime then; when they differ now (the file truncated, rewritten or gone), the file
 is verified again, and downloaded again when it does not verify. The Hugging Face token file
-is removed however the download command ends."""
+is removed however the download command ends.
+
+The hf and modelscope tools download into a staging directory beside the file
+(``<model_dir>/<file>.incomplete/``); the file moves into model_dir only once it verifies, so
+the backend never sees a file that does not. A file that does not verify is refused with both
+sha256s, and the staging directory (the tool's own cache of the download, its metadata
+included) is removed with it. The tools are installed with pip from catalog
+``pypi.index_url`` (a PyPI mirror is an override of it). The download runs as a long step:
+a progress line (bytes, rate, ETA when the size is known) at least every 15 s.
+
+With the vLLM backend the model is a whole Hugging Face repository (the catalog's
+``vllm_repo``): `vllm_checkpoint` downloads it with the same hf tool, as a long step too, into
+``<model_dir>/<org>--<name>/`` before vLLM starts (gpubox.stages.checkpoint)."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import urllib.parse
 from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server
 
-from gpubox import preflight
+from gpubox import preflight, progress
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import as_file, current_config
+from gpubox.stages import as_file, checkpoint, current_config
 
 HF_VENV = "/opt/gpubox/hf-venv"
 MS_VENV = "/opt/gpubox/modelscope-venv"
 TOKEN_FILE = "/root/.cache/gpubox/hf-token"
+# huggingface_hub's own progress bars stay off (the long step reports progress), and so do the
+# CLI's update check and telemetry (calls to pypi.org and the Hub that a mirror does not serve).
+HF_QUIET = "HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1"
+PROGRESS_EVERY = 10
 # What the marker records of the file it verified (GNU stat): a truncated or rewritten file
 # no longer matches it, so the next deploy verifies it again.
 STAT_FORMAT = "size=%s mtime=%Y"
@@ -53,20 +70,30 @@ class ModelPlan:
     def marker(self) -> str:
         return f"{self.path}.gpubox-verified"
 
+    @property
+    def staging(self) -> str:
+        """Where hf and modelscope download (their --local-dir): beside the file, so on the
+        same filesystem (the move into place is a rename), and named so that
+        ``progress.download_probe(path)`` counts it with the file and curl's ``.part``."""
+        return f"{self.path}.incomplete"
+
 
 def plan(config: HostConfig) -> ModelPlan:
     model = config.catalog["models"][config.model]
     source = config.model_source
-    repo = model["modelscope_repo"] if source == "modelscope" else model["hf_repo"]
+    repo = config.model_repo or (
+        model["modelscope_repo"] if source == "modelscope" else model["hf_repo"]
+    )
     name = config.model_file or model["file"]
-    sha256 = config.model_sha256 or (model["sha256"] if name == model["file"] else None)
+    catalog_file = name == model["file"]
+    sha256 = config.model_sha256 or (model["sha256"] if catalog_file else None)
     return ModelPlan(
         source=source,
         repo=repo,
         file=name,
         url=config.model_url,
         sha256=sha256 or None,
-        size=model.get("size") or None,
+        size=(model.get("size") or None) if catalog_file else None,
         directory=config.model_dir,
     )
 
@@ -82,11 +109,14 @@ def matches_command(p: ModelPlan, path: str) -> str:
     return f"[ -f {q(path)} ]"
 
 
-def verify_command(p: ModelPlan, path: str, remove: bool = False) -> str:
+def verify_command(p: ModelPlan, path: str, remove: bool = False, also: str = "") -> str:
     """Exit 1 naming what is wrong unless ``path`` verifies; with ``remove``, a file that does
-    not verify is removed (a bad partial download must not be resumed forever)."""
+    not verify is removed (a bad partial download must not be resumed forever), and ``also``
+    (a directory: the download tool's staging directory) with it."""
     q = shlex.quote
     gone = f"rm -f {q(path)}; " if remove else ""
+    if remove and also:
+        gone += f"rm -rf {q(also)}; "
     note = "; removed it" if remove else ""
     if p.sha256:
         return (
@@ -117,6 +147,15 @@ def download_commands(
     q = shlex.quote
     d = q(p.directory)
     path = q(p.path)
+    stage = q(p.staging)
+    staged = q(f"{p.staging}/{p.file}")
+    # hf and modelscope: a fresh staging directory; the file moves into model_dir once it
+    # verifies; a file that does not is removed with the whole staging directory (hf's
+    # metadata there would otherwise take the bad file for a finished download).
+    into_place = (
+        f"; {verify_command(p, p.staging + '/' + p.file, remove=True, also=p.staging)}"
+        f'; mkdir -p "$(dirname {path})"; mv {staged} {path}; rm -rf {stage}'
+    )
     before = ""
     if p.source == "url":
         assert p.url
@@ -131,15 +170,19 @@ def download_commands(
         # The token file is removed however this command ends: success, failure or a signal.
         before = f"trap 'rm -f {q(token_file)}' EXIT; trap 'exit 1' HUP INT TERM; "
         token = f"$( [ -s {q(token_file)} ] && cat {q(token_file)} )"
-        # hf download resumes by itself and keeps a cache under the directory
+        # hf download asks HF_ENDPOINT for the file's metadata (HEAD .../resolve/main/FILE)
+        # and then its bytes; a broken connection is resumed with a Range request (five times
+        # in one run). It keeps its partial file and metadata under the staging directory.
         fetch = (
-            f"HF_ENDPOINT={q(hf_endpoint)} HF_TOKEN={token} {hf_venv}/bin/hf download "
-            f"{q(p.repo)} {q(p.file)} --local-dir {d}; " + verify_command(p, p.path)
+            f"rm -rf {stage}; mkdir -p {stage}; "
+            f"HF_ENDPOINT={q(hf_endpoint)} HF_TOKEN={token} {HF_QUIET} {hf_venv}/bin/hf download "
+            f"{q(p.repo)} {q(p.file)} --local-dir {stage}" + into_place
         )
     else:
         fetch = (
+            f"rm -rf {stage}; mkdir -p {stage}; "
             f"MODELSCOPE_DOMAIN={q(ms_endpoint)} {ms_venv}/bin/modelscope download --model "
-            f"{q(p.repo)} {q(p.file)} --local_dir {d}; " + verify_command(p, p.path)
+            f"{q(p.repo)} {q(p.file)} --local_dir {stage}" + into_place
         )
     return [
         f"mkdir -p {d}",
@@ -168,6 +211,34 @@ def present_size(state: str) -> int:
     return 0
 
 
+# From response headers (one block per response, redirects first): the Hub's X-Linked-Size,
+# else the Content-Length of a final 200.
+_SIZE_AWK = (
+    '/^HTTP\\// { split($0, w, " "); status = w[2]; size = "" } '
+    'tolower($1) == "x-linked-size" { linked = $2 } '
+    'tolower($1) == "content-length" { size = $2 } '
+    'END { if (linked != "") print linked; else if (status == "200") print size }'
+)
+
+
+def remote_size_command(p: ModelPlan, hf_endpoint: str) -> str | None:
+    """A shell command that prints the file's size as its server announces it (nothing when
+    unknown): for hf, the Hub's ``X-Linked-Size`` (an LFS file, answered with a redirect) or
+    the ``Content-Length`` of a 200 to ``HEAD .../resolve/main/FILE``; for a URL, the final
+    response's ``Content-Length`` after redirects. None for modelscope (no such call)."""
+    if p.source == "hf":
+        url = f"{hf_endpoint.rstrip('/')}/{p.repo}/resolve/main/{urllib.parse.quote(p.file)}"
+        flags = "-sI"
+    elif p.source == "url" and p.url:
+        url, flags = p.url, "-sIL"
+    else:
+        return None
+    return (
+        f"if command -v curl >/dev/null 2>&1; then curl {flags} --max-time 20 "
+        f"{shlex.quote(url)} 2>/dev/null | tr -d '\\r' | awk -F': *' {shlex.quote(_SIZE_AWK)}; fi"
+    )
+
+
 def model_state_command(p: ModelPlan) -> str:
     q = shlex.quote
     return (
@@ -184,63 +255,133 @@ def model():
     if config.backend == "none":
         return None
     if config.backend == "vllm":
-        repo = config.catalog["models"][config.model]["vllm_repo"]
-        logger.info(f"{host.name}: vLLM downloads {repo} into its cache at its first start")
-        return None
+        return vllm_checkpoint(config)
     p = plan(config)
-    q = shlex.quote
     state = host.get_fact(CommandOutput, command=model_state_command(p))
     if verified(p, state):
         if p.source == "hf":
             # left by a download cut short before it could remove it
             files.file(name="No HF_TOKEN file left on the box", path=TOKEN_FILE, present=False)
         return None
-    # The file's size when the catalog knows it, else the model's weights as an estimate, less
-    # what is there already (a file to verify again may need no download at all).
-    model_entry = config.catalog["models"][config.model]
-    need = p.size or (model_entry["weights_gib"] * 2**30 if p.file == model_entry["file"] else 0)
-    need = max(0, need - present_size(state))
-    if need:
-        free = host.get_fact(
-            CommandOutput,
-            command=f'd={q(p.directory)}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; '
-            'df -B1 --output=avail "$d" | tail -n 1',
-        ).strip()
-        if free.isdigit() and int(free) < need:
-            from gpubox.stages import DeployRefused
-
-            raise DeployRefused(
-                f"{host.name}: model_dir {p.directory} has {int(free) / 2**30:.1f} GiB free; "
-                f"{p.file} needs {need / 2**30:.1f} GiB; nothing was changed"
-            )
     catalog = config.catalog
+    hf_endpoint = config.hf_endpoint or catalog["hf"]["endpoint"]
+    # The file's size: the catalog's, else what its server announces (the progress lines' total
+    # and the disk check), else the model's weights as an estimate, less what is there already
+    # (a file to verify again may need no download at all).
+    total = p.size
+    size_command = remote_size_command(p, hf_endpoint) if not total else None
+    if size_command:
+        announced = host.get_fact(CommandOutput, command=size_command).strip()
+        total = int(announced) if announced.isdigit() and int(announced) > 0 else None
+    model_entry = catalog["models"][config.model]
+    need = total or (model_entry["weights_gib"] * 2**30 if p.file == model_entry["file"] else 0)
+    refuse_without_space(p.directory, need - present_size(state), p.file)
     if p.source in ("hf", "modelscope"):
-        venv, requirement = (
-            (HF_VENV, catalog["hf"]["hub_requirement"])
-            if p.source == "hf"
-            else (MS_VENV, catalog["modelscope"]["requirement"])
+        download_tool(config, p.source)
+    if p.source == "hf":
+        put_token()
+    logger.info(f"{host.name}: downloading {p.file} into {p.directory}; large models take long")
+    return progress.long_step(
+        name=f"Download and verify {p.file} ({p.source})",
+        command=step_command(download_commands(p, hf_endpoint, catalog["modelscope"]["endpoint"])),
+        # the file, curl's <file>.part, and the staging directory <file>.incomplete/ with
+        # hf's partial download (.cache/huggingface/download/*.incomplete) in it
+        probe=progress.download_probe(p.path, total),
+        every=PROGRESS_EVERY,
+    )
+
+
+def step_command(commands: list[str]) -> str:
+    """``download_commands`` as one script that stops at the first failure, as pyinfra runs a
+    list of commands. Each runs in a subshell of its own (its traps and ``set -e`` stay its
+    own) as a plain statement of a ``set -e`` script, so ``set -e`` holds inside it too."""
+    return "set -e\n" + "".join(f"(\n{command}\n)\n" for command in commands)
+
+
+def refuse_without_space(directory: str, need: int, what: str) -> None:
+    """Refuse the deploy (before anything changed) when the filesystem of ``directory`` (or
+    of its nearest existing parent) has less than ``need`` bytes free."""
+    if need <= 0:
+        return
+    free = host.get_fact(
+        CommandOutput,
+        command=f'd={shlex.quote(directory)}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; '
+        'df -B1 --output=avail "$d" | tail -n 1',
+    ).strip()
+    if free.isdigit() and int(free) < need:
+        from gpubox.stages import DeployRefused
+
+        raise DeployRefused(
+            f"{host.name}: model_dir {directory} has {int(free) / 2**30:.1f} GiB free; "
+            f"{what} needs {need / 2**30:.1f} GiB; nothing was changed"
         )
-        apt.packages(name="python3-venv for the download tool", packages=["python3-venv"])
-        server.shell(
-            name=f"Download tool in {venv}",
-            commands=[
-                f"test -x {venv}/bin/python || python3 -m venv {venv}",
-                f"{venv}/bin/pip install -q {q(requirement)}",
-            ],
-        )
+
+
+def download_tool(config: HostConfig, source: str) -> None:
+    """hf (huggingface_hub) or modelscope in a venv of its own, from catalog pypi.index_url."""
+    catalog = config.catalog
+    q = shlex.quote
+    venv, requirement = (
+        (HF_VENV, catalog["hf"]["hub_requirement"])
+        if source == "hf"
+        else (MS_VENV, catalog["modelscope"]["requirement"])
+    )
+    apt.packages(name="python3-venv for the download tool", packages=["python3-venv"])
+    server.shell(
+        name=f"Download tool in {venv}",
+        commands=[
+            f"test -x {venv}/bin/python || python3 -m venv {venv}",
+            f"{venv}/bin/pip install -q --disable-pip-version-check "
+            f"--index-url {q(catalog['pypi']['index_url'])} {q(requirement)}",
+        ],
+    )
+
+
+def put_token() -> None:
+    """HF_TOKEN, when the operator's environment has one, to a root-only file (never onto a
+    command line); the download command removes it however it ends."""
     token = os.environ.get("HF_TOKEN")
-    if p.source == "hf" and token:
-        # From the operator's environment to a root-only file, never onto a command line.
+    if token:
         files.put(
             name="HF_TOKEN for this download (removed afterwards)",
             src=as_file(token + "\n"),
             dest=TOKEN_FILE,
             mode="0600",
         )
-    logger.info(f"{host.name}: downloading {p.file} into {p.directory}; large models take long")
-    return server.shell(
-        name=f"Download and verify {p.file} ({p.source})",
-        commands=download_commands(
-            p, config.hf_endpoint or catalog["hf"]["endpoint"], catalog["modelscope"]["endpoint"]
-        ),
+
+
+def vllm_checkpoint(config: HostConfig):
+    """The vLLM backend's checkpoint (gpubox.stages.checkpoint): the whole repository
+    downloaded into <model_dir>/<org>--<name>/ as a long step, before vLLM starts; nothing
+    when its marker says every file is there. Returns the download operation or None."""
+    c = checkpoint.plan(config)
+    state = checkpoint.parse_state(
+        host.get_fact(CommandOutput, command=checkpoint.state_command(c))
+    )
+    if state.complete:
+        files.file(name="No HF_TOKEN file left on the box", path=TOKEN_FILE, present=False)
+        return None
+    hf_endpoint = config.hf_endpoint or config.catalog["hf"]["endpoint"]
+    listing = checkpoint.parse_listing(
+        host.get_fact(CommandOutput, command=checkpoint.listing_command(c.repo, hf_endpoint))
+    )
+    # The repository's size as the Hub gives it (the progress lines' total and the disk
+    # check), else the catalog's estimate of the weights; less what is there already.
+    total = listing.total if listing else None
+    weights = config.catalog["models"][config.model].get("vllm_weights_gib") or 0
+    need = total or int(float(weights) * 2**30)
+    refuse_without_space(c.directory, need - state.present, c.repo)
+    download_tool(config, "hf")
+    put_token()
+    missing = f"; {len(state.bad)} file(s) missing or resized" if state.bad else ""
+    logger.info(f"{host.name}: downloading {c.repo} into {c.directory}{missing}")
+    commands = checkpoint.download_commands(
+        c, listing, state.bad, hf_endpoint, TOKEN_FILE, HF_VENV, HF_QUIET
+    )
+    return progress.long_step(
+        name=f"Download the vLLM checkpoint {c.repo}",
+        command=step_command(commands),
+        # everything under the directory: the files, and hf's partial downloads under .cache/
+        probe=progress.download_probe(c.directory, total),
+        every=PROGRESS_EVERY,
     )

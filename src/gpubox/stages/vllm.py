@@ -1,5 +1,31 @@
-"""The vLLM backend: the vllm/vllm-openai image at the catalog's tag (the last that still runs
-on compute capability 7.0), run by a systemd unit, warmed up with one request after a start.
+"""The vLLM backend: the vllm/vllm-openai image at the catalog's tag (the last release that
+still runs on compute capability 7.0), run by a systemd unit that never pulls, its compile
+caches on host volumes, warmed up at several prompt lengths after each start.
+
+On Volta (see gpubox.vllm_rules and the catalog's comments):
+
+* a 4-bit checkpoint: the original BF16 weights (about 149 GiB) cannot fit 2x 32 GB. Marlin
+  needs compute capability 7.5/8.0, so vLLM runs GPTQ-packed int4 with the exllama gptq_gemm
+  kernel and the Triton MoeWNA16 kernels for the experts (AWQ needs 7.5);
+* --dtype half (no bf16) and the TRITON_ATTN attention backend (no FlashAttention on sm_70);
+* the default image (CUDA 12.9) runs on driver 570 (CUDA 12.8) through CUDA forward
+  compatibility: the deploy checks the image carries the compat libraries.
+
+Triton compiles and autotunes Qwen3-Next's kernels (gated DeltaNet, attention, MoE) lazily: the
+project's first user waited 240 s for a first answer. 0.19.1 warms the DeltaNet kernels up at
+start and keeps autotuning results on disk; the caches below live on the host, so a restart
+reuses them, and the warm-up sends prompts of several lengths, so what is left compiles
+before a user comes.
+
+The checkpoint is downloaded by the model stage before vLLM starts (gpubox.stages.checkpoint:
+a long step with bytes, rate and ETA) into <model_dir>/<org>--<name>/; vLLM serves that
+directory (/models/<org>--<name> in the container) with HF_HUB_OFFLINE=1, so it never
+downloads at start, and serves it under model_alias (--served-model-name).
+
+Tool calls are parsed by vLLM (--enable-auto-tool-choice --tool-call-parser hermes) and the
+reasoning is split from the answer (--reasoning-parser deepseek_r1: the Thinking model's
+template opens <think> itself). vLLM names the reasoning field `reasoning` (newer releases)
+where llama.cpp says `reasoning_content`: clients should read both.
 """
 
 from __future__ import annotations
@@ -12,9 +38,10 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.operations import server, systemd
 
+from gpubox import progress, vllm_rules
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, render
+from gpubox.stages import ManagedFiles, checkpoint, render
 from gpubox.stages.backend import VLLM_UNIT, api_key, wait_for_health
 
 CACHE_DIR = "/var/cache/gpubox/vllm"
@@ -23,11 +50,44 @@ CACHE_DIR = "/var/cache/gpubox/vllm"
 RUNTIME_DIR = VLLM_UNIT
 ENV_FILE = f"/run/{RUNTIME_DIR}/env"
 
+# Host directory (under CACHE_DIR) -> where the container sees it. TorchInductor's cache
+# defaults to /tmp, which a --rm container loses at every restart: it gets a volume and
+# TORCHINDUCTOR_CACHE_DIR. Triton keeps compiled kernels in TRITON_CACHE_DIR and, with
+# TRITON_CACHE_AUTOTUNING=1, its autotuning results too. vLLM keeps its torch.compile
+# artifacts under its cache root. The checkpoint is not in the Hub cache: the model stage
+# downloads it into model_dir (mounted on /models) and the Hub stays off (HF_HUB_OFFLINE=1).
+CACHES = {
+    "huggingface": "/root/.cache/huggingface",
+    "vllm": "/root/.cache/vllm",
+    "triton": "/root/.triton",
+    "torchinductor": "/root/.cache/torchinductor",
+    "torch": "/root/.cache/torch",
+}
+CACHE_ENV = {
+    "HF_HOME": CACHES["huggingface"],
+    "VLLM_CACHE_ROOT": CACHES["vllm"],
+    "TRITON_CACHE_DIR": CACHES["triton"] + "/cache",
+    "TRITON_CACHE_AUTOTUNING": "1",
+    "TORCHINDUCTOR_CACHE_DIR": CACHES["torchinductor"],
+}
+
+# Warm-up: prompts of about 16, 512 and 2,048 tokens and a long one (half the context, at most
+# WARM_UP_LONGEST), each answered with WARM_UP_TOKENS tokens (the end of sequence ignored) so
+# decode runs too, then model_parallel short requests at once (decode batches above one).
+WARM_UP_LENGTHS = (16, 512, 2048)
+WARM_UP_LONGEST = 16384
+WARM_UP_TOKENS = 64
+WARM_UP_MAX_TIME = 900  # seconds per request: a cold first request took 240 s
+
+
+def model_repo(config: HostConfig) -> str:
+    return config.catalog["models"][config.model]["vllm_repo"]
+
 
 def vllm_args(config: HostConfig) -> list[str]:
     model = config.catalog["models"][config.model]
     args = [
-        model["vllm_repo"],
+        checkpoint.plan(config).container_path,  # the repository, downloaded by the model stage
         "--served-model-name", config.model_alias,
         "--tensor-parallel-size", str(config.vllm_tensor_parallel or config.gpu_count),
         "--dtype", "half",  # Volta has no bf16
@@ -38,6 +98,9 @@ def vllm_args(config: HostConfig) -> list[str]:
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
         "--reasoning-parser", "deepseek_r1",
     ]  # fmt: skip
+    flag = vllm_rules.quantization_flag(model)
+    if flag:
+        args[1:1] = ["--quantization", flag]
     if config.vllm_enforce_eager:
         args.append("--enforce-eager")
     return args
@@ -66,23 +129,34 @@ def systemd_quote(arg: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def cache_dirs() -> list[str]:
+    """The host directories of the caches (CACHES), in a stable order."""
+    return [f"{CACHE_DIR}/{name}" for name in CACHES]
+
+
+def container_env(config: HostConfig) -> dict[str, str]:
+    env = dict(CACHE_ENV)
+    # the checkpoint is a local directory: vLLM (transformers, huggingface_hub) asks no Hub
+    env["HF_HUB_OFFLINE"] = "1"
+    if config.hf_endpoint:
+        env["HF_ENDPOINT"] = config.hf_endpoint  # a Hub mirror, as for the model stage
+    return env
+
+
 def docker_argv(config: HostConfig) -> list[str]:
     """The unit's `docker run`. The API key reaches the container through --env-file, a file
-    the unit writes from its credential at each start (runtime directory, root only)."""
+    the unit writes from its credential at each start (runtime directory, root only). It never
+    pulls (--pull never): the deploy pulls the image once."""
     image = config.catalog["vllm"]["image"]
-    volumes = [
-        f"{config.model_dir}:/models",
-        f"{CACHE_DIR}/huggingface:/root/.cache/huggingface",
-        f"{CACHE_DIR}/vllm:/root/.cache/vllm",
-        f"{CACHE_DIR}/triton:/root/.triton",
-        f"{CACHE_DIR}/torch:/root/.cache/torch",
+    volumes = [f"{config.model_dir}:/models"] + [
+        f"{CACHE_DIR}/{name}:{path}" for name, path in CACHES.items()
     ]
     return [
         "/usr/bin/docker", "run", "--rm", "--name", VLLM_UNIT, "--pull", "never",
         "--runtime", "nvidia", "--gpus", "all", "--ipc=host",
         "-p", f"{config.api_host}:{config.api_port}:8000",
         *[w for v in volumes for w in ("-v", v)],
-        "-e", "TRITON_CACHE_AUTOTUNING=1",
+        *[w for k, v in container_env(config).items() for w in ("-e", f"{k}={v}")],
         "--env-file", ENV_FILE,
         image,
         *vllm_args(config),
@@ -95,7 +169,7 @@ def unit_text(config: HostConfig) -> str:
     return render(
         "vllm.service.j2",
         image=config.catalog["vllm"]["image"],
-        model=config.catalog["models"][config.model]["vllm_repo"],
+        model=model_repo(config),
         alias=json.dumps(config.model_alias),  # a comment line: no newline may get through
         unit=VLLM_UNIT,
         api_key_file=config.api_key_file.replace("%", "%%"),
@@ -105,49 +179,154 @@ def unit_text(config: HostConfig) -> str:
     )
 
 
-def warm_up_command(port: int, alias: str, api_key_file: str) -> str:
-    """The warm-up request as the shell command that runs on the host. The key never enters
-    an argument list (ps shows those): sed reads it from the root-only file and hands curl the
-    header as configuration on its standard input (curl --config -)."""
-    body = json.dumps(
-        {"model": alias, "max_tokens": 8, "messages": [{"role": "user", "content": "Hello"}]}
+# --- CUDA forward compatibility ------------------------------------------------------------
+
+
+def compat_check_command(image: str, cuda: str, driver_cuda: str) -> str:
+    """Whether the image carries the cuda-compat user-mode driver of its CUDA (vLLM's images
+    install it under /usr/local/cuda-<version>/compat/ and register it with ldconfig); a clear
+    error otherwise. Runs the image without a GPU, its entrypoint replaced by sh."""
+    path = f"/usr/local/cuda-{cuda}/compat"
+    inner = f"ls {path}/libcuda.so.*"
+    message = (
+        f"{image} has no {path}/libcuda.so.*: it is built on CUDA {cuda}, newer than the "
+        f"CUDA {driver_cuda} of the driver, so it runs only through CUDA forward "
+        "compatibility, and it lacks the libraries for that. Use an image built on CUDA "
+        f"{driver_cuda} or older, or a driver branch for CUDA {cuda}."
     )
+    return (
+        f"docker run --rm --pull never --entrypoint sh {shlex.quote(image)} -c "
+        f"{shlex.quote(inner)} >/dev/null 2>&1 || {{ echo {shlex.quote(message)} >&2; exit 1; }}"
+    )
+
+
+# --- Warm-up ------------------------------------------------------------------------------
+
+
+def warm_up_lengths(ctx: int, max_tokens: int = WARM_UP_TOKENS) -> list[int]:
+    """Prompt lengths (in words, about one token each) that fit the context with the answer and
+    the chat template: 16, 512, 2048 and half the context up to WARM_UP_LONGEST."""
+    wanted = {*WARM_UP_LENGTHS, min(ctx // 2, WARM_UP_LONGEST)}
+    fitting = sorted(n for n in wanted if n >= 1 and n + max_tokens + 64 <= ctx)
+    return fitting or [1]
+
+
+def warm_up_command(
+    port: int,
+    alias: str,
+    api_key_file: str,
+    lengths: list[int] | tuple[int, ...] = WARM_UP_LENGTHS,
+    max_tokens: int = WARM_UP_TOKENS,
+    parallel: int = 1,
+) -> str:
+    """The warm-up as one POSIX shell command that runs on the host: one chat completion per
+    prompt length (``hello`` repeated, about one token a word), each decoding ``max_tokens``
+    tokens, then ``parallel`` short ones at once. The key never enters an argument list (ps
+    shows those): sed reads it from the root-only file and hands curl the header as
+    configuration on its standard input (curl --config -). The body goes through a private
+    temporary file (mktemp), so a long prompt is no argument either. No command substitution."""
+    head = json.dumps(
+        {
+            "model": alias,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,  # vLLM's extension: decode all max_tokens
+            "messages": [{"role": "user", "content": "@"}],
+        }
+    )
+    prefix, suffix = head.split('"@"')
+    prefix, suffix = prefix + '"', '"' + suffix
     # curl's config syntax: a double-quoted value with \\ and \" escaped.
     header = r"""-e 's/[\\"]/\\&/g' -e '1s/.*/header = "Authorization: Bearer &"/p'"""
-    return (
+    request = (
         f"sed -n {header} {shlex.quote(api_key_file)} | "
-        f"curl -fsS --max-time 900 --config - -H 'Content-Type: application/json' "
-        f"-d {shlex.quote(body)} http://127.0.0.1:{int(port)}/v1/chat/completions"
+        f"curl -fsS -o /dev/null --max-time {WARM_UP_MAX_TIME} --config - "
+        "-H 'Content-Type: application/json' "
+        f'--data-binary @"$f" http://127.0.0.1:{int(port)}/v1/chat/completions'
     )
+
+    def body(words: str) -> str:
+        return (
+            f"{{ printf '%s' {shlex.quote(prefix)}; yes hello | head -n {words} | "
+            f"tr '\\n' ' '; printf '%s' {shlex.quote(suffix)}; }} >\"$f\""
+        )
+
+    sizes = " ".join(str(int(n)) for n in lengths)
+    script = [
+        "mktemp | {",
+        "  IFS= read -r f || exit 1",
+        "  rc=0",
+        f"  for n in {sizes}; do",
+        f"    {body(chr(34) + '$n' + chr(34))} || {{ rc=1; break; }}",
+        f'    {request} || {{ echo "warm-up: the request of $n words failed" >&2; rc=1; break; }}',
+        "  done",
+    ]
+    if parallel > 1:
+        script += [
+            '  if [ "$rc" = 0 ]; then',
+            f"    {body(str(WARM_UP_LENGTHS[0]))} || rc=1",
+            "    pids=",
+            f"    for i in {' '.join(str(i) for i in range(1, parallel + 1))}; do",
+            f"      {request} &",
+            '      pids="$pids $!"',
+            "    done",
+            '    for p in $pids; do wait "$p" || rc=1; done',
+            f'    [ "$rc" = 0 ] || echo "warm-up: {parallel} requests at once failed" >&2',
+            "  fi",
+        ]
+    script += ['  rm -f "$f"', '  exit "$rc"', "}"]
+    return "\n".join(script)
 
 
 @operation(is_idempotent=False)
-def warm_up(port: int, alias: str, api_key_file: str):
-    """One short chat completion, so that Triton's autotuning is done before users come."""
+def warm_up(
+    port: int,
+    alias: str,
+    api_key_file: str,
+    lengths: list[int] | tuple[int, ...] = WARM_UP_LENGTHS,
+    parallel: int = 1,
+):
+    """Chat completions at several prompt lengths (and a few at once), so that Triton's
+    compiling and autotuning are done before users come."""
 
     def _warm(state, host, command: str) -> None:
         ok, out = host.run_shell_command(command)
         if not ok:
-            raise OperationError("the warm-up request failed: " + "\n".join(out.stderr_lines))
+            raise OperationError("the warm-up failed: " + "\n".join(out.stderr_lines))
 
-    yield FunctionCommand(_warm, (warm_up_command(port, alias, api_key_file),), {})
+    command = warm_up_command(port, alias, api_key_file, lengths=lengths, parallel=parallel)
+    yield FunctionCommand(_warm, (command,), {})
+
+
+# --- The stage ----------------------------------------------------------------------------
+
+
+def missing_dirs_command(dirs: list[str]) -> str:
+    return (
+        "for d in " + " ".join(shlex.quote(d) for d in dirs) + '; do [ -d "$d" ] || echo "$d"; done'
+    )
 
 
 def vllm(config: HostConfig, model_change) -> None:
+    q = shlex.quote
     image = config.catalog["vllm"]["image"]
     present = host.get_fact(
-        CommandOutput, command=f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}"
+        CommandOutput, command=f"docker image inspect --format '{{{{.Id}}}}' {q(image)}"
     ).strip()
     if not present:
-        server.shell(name=f"Pull {image} (once)", commands=[f"docker pull {shlex.quote(image)}"])
-    server.shell(
-        name="vLLM cache directories on the host",
-        commands=[
-            f"mkdir -p {CACHE_DIR}/huggingface {CACHE_DIR}/vllm {CACHE_DIR}/triton "
-            f"{CACHE_DIR}/torch"
-        ],
-        _if=lambda: not present,
-    )
+        # Once: the unit never pulls. Several GB: a progress line every 10 s.
+        progress.long_step(
+            name=f"Pull {image} (once)",
+            command=f"docker pull {q(image)}",
+            probe=progress.docker_pull_probe(image),
+        )
+    # The caches' host directories, every deploy (docker would create a missing one itself,
+    # but gpubox does not leave that to it).
+    missing = host.get_fact(CommandOutput, command=missing_dirs_command(cache_dirs())).split()
+    if missing:
+        server.shell(
+            name="vLLM cache directories on the host",
+            commands=["mkdir -p " + " ".join(q(d) for d in missing)],
+        )
     key = api_key(config)
     path = f"/etc/systemd/system/{VLLM_UNIT}.service"
     unit = ManagedFiles({path: unit_text(config)}).put("vLLM unit", path)
@@ -157,6 +336,15 @@ def vllm(config: HostConfig, model_change) -> None:
     def restart() -> bool:
         return running != "active" or any(c.did_change() for c in changed)
 
+    cuda = vllm_rules.image_info(config.catalog["vllm"]).cuda
+    if vllm_rules.needs_forward_compat(cuda, config.branch):
+        server.shell(
+            name=f"{image} carries CUDA {cuda}'s forward-compatibility libraries",
+            commands=[
+                compat_check_command(image, str(cuda), str(vllm_rules.driver_cuda(config.branch)))
+            ],
+            _if=lambda: not present or restart(),
+        )
     systemd.daemon_reload(name="Reload systemd units (vLLM)", _if=unit.did_change)
     systemd.service(name="vLLM enabled", service=VLLM_UNIT, enabled=True)
     systemd.service(name="(Re)start vLLM", service=VLLM_UNIT, restarted=True, _if=restart)
@@ -168,9 +356,11 @@ def vllm(config: HostConfig, model_change) -> None:
         _if=restart,
     )
     warm_up(
-        name="Warm-up request",
+        name="Warm-up requests",
         port=config.api_port,
         alias=config.model_alias,
         api_key_file=config.api_key_file,
+        lengths=warm_up_lengths(config.model_ctx),
+        parallel=config.model_parallel,
         _if=restart,
     )

@@ -1,0 +1,172 @@
+"""The default model path for real (issue 9 G, and the download part of E), on the sandbox
+box: the real `hf` client, installed on the box with pip from the sandbox's PyPI mirror,
+downloads the model through `hf_endpoint` from the sandbox's Hugging Face Hub mirror
+(gpubox.sandbox.hub), as a user behind mirrors would. A download slowed down shows progress
+lines; one whose connection breaks is resumed with a Range request; altered bytes are refused
+with both sha256s and leave nothing behind. The tests run in order on one box: one first full
+deploy, then deploys of the model stage alone (deploy/model.py) and two full ones."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import box_sh
+
+from gpubox import demo, inventory
+from gpubox.config import HostConfig, load_host_config
+from gpubox.sandbox import hub
+from gpubox.stages import model as model_stage
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
+
+
+def config(*extra: tuple[str, str]) -> HostConfig:
+    ((name, data),) = inventory.load(str(demo.ROOT / demo.INVENTORY))
+    return load_host_config(name, {**data, **dict(extra)})
+
+
+def requests(info: dict) -> list[dict]:
+    return hub.read_log(Path(info["hub_request_log"]))
+
+
+def set_control(info: dict, **controls: object) -> None:
+    Path(info["hub_control"]).write_text(json.dumps(controls))
+
+
+# The host checks that show the model verified and served (checksum, health, a chat answer).
+SERVED = ("checksum", "health", "service_is_active", "models_lists", "chat_completion")
+
+
+def served_checks() -> demo.CheckRun:
+    run = demo.checks(extra=("-k", " or ".join(SERVED)))
+    assert run.passed + run.failed >= len(SERVED), run.output[-2000:]
+    return run
+
+
+def large_file(info: dict) -> tuple[tuple[str, str], ...]:
+    """Host data for the large test file beside the model (hub.LARGE_FILE): hf writes and
+    resumes in 10 MiB steps, so progress and a resumed Range show only on a larger file."""
+    name = info["hub_large_file"]
+    return (("model_file", name), ("model_sha256", info["hub_files"][name]["sha256"]))
+
+
+def deploy_model(data: tuple[tuple[str, str], ...]) -> demo.DeployRun:
+    """The model stage alone, with host data overrides (pyinfra --data)."""
+    extra = [arg for key, value in data for arg in ("--data", f"{key}={value}")]
+    return demo.deploy("deploy/model.py", extra=tuple(extra))
+
+
+def test_the_default_deploy_fetches_the_model_with_hf_through_the_mirror():
+    info = demo.box_info()
+    cfg = config()
+    assert cfg.model_source == "hf" and cfg.hf_endpoint == info["hub_url"]
+    assert cfg.catalog["pypi"]["index_url"] == info["pypi_index_url"]
+    p = model_stage.plan(cfg)
+    assert p.repo == info["hub_repo"]
+
+    run = demo.deploy()
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    assert f"Download and verify {p.file} (hf): done in" in run.output
+
+    log = requests(info)
+    resolve = f"/{p.repo}/resolve/main/{p.file}"
+    heads = [e for e in log if e["method"] == "HEAD" and e["path"] == resolve]
+    gets = [e for e in log if e["method"] == "GET" and e["path"] == resolve]
+    assert heads and all(e["status"] == 200 for e in heads), log
+    assert [(e["status"], e["bytes"]) for e in gets] == [(200, info["model_size"])], log
+    # pip on the box took huggingface_hub and its dependencies from the PyPI mirror
+    wheels = {e["path"].rsplit("/", 1)[-1] for e in log if e["path"].startswith("/pypi/files/")}
+    assert any(w.startswith("huggingface_hub-") for w in wheels), wheels
+    assert any(w.startswith("hf_xet-") for w in wheels), wheels
+    assert "huggingface_hub" in box_sh(f"{model_stage.HF_VENV}/bin/pip list 2>/dev/null")
+
+    assert box_sh(f"sha256sum {p.path}").split()[0] == info["model_sha256"]
+    assert box_sh(f"test -e {p.staging} || echo gone") == "gone\n"
+    checks = served_checks()
+    assert checks.failures == {}, checks.output[-3000:]
+
+
+def test_a_slowed_down_download_shows_progress_lines():
+    info = demo.box_info()
+    data = large_file(info)
+    p = model_stage.plan(config(*data))
+    size = info["hub_files"][p.file]["size"]
+    # 32 MiB at 1 MB/s: about 34 s, three or more progress lines at 10 s intervals
+    set_control(info, rate=1_000_000)
+    try:
+        run = deploy_model(data)
+    finally:
+        set_control(info)
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    assert run.seconds >= 25
+    label = re.escape(f"Download and verify {p.file} (hf)")
+    # the total comes from the size the hub announces (X-Linked-Size): percent and ETA
+    lines = re.findall(
+        label + r" \[[^\]]+\]: downloaded ([\d.]+) (B|KiB|MiB) of 32\.0 MiB \(\d+%\), ([^\n]*)",
+        run.output,
+    )
+    assert len(lines) >= 2, run.output[-3000:]
+    unit = {"B": 1, "KiB": 2**10, "MiB": 2**20}
+    got = [float(n) * unit[u] for n, u, _ in lines]
+    assert max(got[1:]) > got[0], lines  # bytes on disk grow from line to line
+    assert any("ETA" in rest for _, _, rest in lines), lines
+    assert box_sh(f"stat -c %s {p.path}").strip() == str(size)
+
+
+def test_an_interrupted_download_is_resumed_with_a_range_request():
+    info = demo.box_info()
+    data = large_file(info)
+    p = model_stage.plan(config(*data))
+    size = info["hub_files"][p.file]["size"]
+    box_sh(f"rm -f {p.path} {p.marker}")
+    before = len(requests(info))
+    set_control(info, drop_after=15_000_000)  # once, past hf's first 10 MiB write
+    try:
+        run = deploy_model(data)
+    finally:
+        set_control(info)
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    resolve = f"/{p.repo}/resolve/main/{p.file}"
+    gets = [e for e in requests(info)[before:] if e["method"] == "GET" and e["path"] == resolve]
+    assert gets[0]["dropped"] is True and gets[0]["bytes"] == 15_000_000, gets
+    resumed = [e for e in gets[1:] if e["status"] == 206 and e["range"]]
+    assert resumed, gets
+    start = int(re.fullmatch(r"bytes=(\d+)-", resumed[0]["range"])[1])  # type: ignore[index]
+    assert 0 < start <= 15_000_000 and resumed[0]["bytes"] == size - start
+    assert sum(e["bytes"] for e in gets) < 2 * size
+    assert box_sh(f"sha256sum {p.path}").split()[0] == p.sha256
+    box_sh(f"rm -f {p.path} {p.marker}")  # 32 MiB the box does not need
+
+
+def test_a_wrong_checksum_is_refused_and_leaves_nothing_then_good_bytes_converge():
+    info = demo.box_info()
+    p = model_stage.plan(config())
+    good = info["model_sha256"]
+    data = bytearray(Path(info["hub_files"][p.file]["path"]).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the byte the hub alters
+    bad = hashlib.sha256(data).hexdigest()
+    box_sh(f"rm -f {p.path} {p.marker}")
+    set_control(info, corrupt=True)
+    try:
+        run = demo.deploy()
+    finally:
+        set_control(info)
+    assert run.rc != 0 or run.failed_hosts, run.output[-3000:]
+    assert f"{p.file} has sha256 {bad}, expected {good}; removed it" in run.output
+    # nothing stays: not in model_dir, not in hf's local-dir cache (the staging directory)
+    assert box_sh(f"test -e {p.path} || test -e {p.staging} || echo none") == "none\n"
+    found = box_sh(f"find {p.directory} -type f -exec sha256sum {{}} + | cut -d' ' -f1")
+    assert bad not in found.split()
+    # and nothing was served from it: the deploy stopped before the backend's restart
+    assert not [n for n in run.changed_names if "(Re)start llama-server" in n]
+
+    run = demo.deploy()
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    assert box_sh(f"sha256sum {p.path}").split()[0] == good
+    assert [n for n in run.changed_names if "(Re)start llama-server" in n]
+    checks = served_checks()
+    assert checks.failures == {}, checks.output[-3000:]

@@ -1,0 +1,321 @@
+"""The model stage's download, run for real in a temporary directory: hf and modelscope
+download into a staging directory and the file moves into model_dir only once it verifies; a
+file that does not verify is refused with both sha256s and leaves nothing behind (neither in
+model_dir nor in the tool's cache); the stage's commands run as one long step whose progress
+lines grow with the download; the size announced by a Hub (or a URL) is read for the ETA."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubox import progress
+from gpubox.config import load_host_config, validate
+from gpubox.sandbox import hub
+from gpubox.stages import model as model_stage
+
+GOOD = b"GGUF tiny model stand-in\n" * 400
+SHA = hashlib.sha256(GOOD).hexdigest()
+BAD = GOOD[:-1] + b"?"
+BAD_SHA = hashlib.sha256(BAD).hexdigest()
+
+
+def plan(directory: Path, source: str = "hf", sha256: str | None = SHA) -> model_stage.ModelPlan:
+    return model_stage.ModelPlan(
+        source=source,
+        repo="gpubox/tiny-GGUF",
+        file="tiny.gguf",
+        url=None,
+        sha256=sha256,
+        size=None,
+        directory=str(directory),
+    )
+
+
+def fake_tool(tmp_path: Path, name: str, body: str) -> Path:
+    """A venv whose bin/NAME runs ``body`` with $dir set to its --local-dir/--local_dir."""
+    venv = tmp_path / f"{name}-venv"
+    (venv / "bin").mkdir(parents=True)
+    tool = venv / "bin" / name
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {tmp_path}/{name}-args\n'
+        'dir=; while [ $# -gt 0 ]; do case "$1" in --local-dir|--local_dir) dir=$2;; esac; '
+        "shift; done\n" + body
+    )
+    tool.chmod(0o755)
+    return venv
+
+
+def run_step(p: model_stage.ModelPlan, hf_venv: Path, ms_venv: Path | None = None):
+    """The stage's commands as the long step runs them (one script, stops at a failure)."""
+    commands = model_stage.download_commands(
+        p,
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+        token_file=str(Path(p.directory).parent / "token"),
+        hf_venv=str(hf_venv),
+        ms_venv=str(ms_venv or hf_venv),
+    )
+    return subprocess.run(
+        ["sh", "-c", model_stage.step_command(commands)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# A fake hf that downloads as hf does: the bytes into a partial file under
+# DIR/.cache/huggingface/download, then moved to DIR/FILE, with a metadata file beside.
+HF_BODY = """
+mkdir -p "$dir/.cache/huggingface/download"
+printf '%s' "$CONTENT" > "$dir/.cache/huggingface/download/x.incomplete"
+mv "$dir/.cache/huggingface/download/x.incomplete" "$dir/tiny.gguf"
+echo "commit etag" > "$dir/.cache/huggingface/download/tiny.gguf.metadata"
+"""
+
+
+def with_content(content: bytes) -> str:
+    return f"CONTENT='{content.decode()}'\n" + HF_BODY
+
+
+def test_a_good_download_moves_into_model_dir_and_leaves_no_staging(tmp_path):
+    p = plan(tmp_path / "models")
+    result = run_step(p, fake_tool(tmp_path, "hf", with_content(GOOD)))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
+    assert not Path(p.staging).exists()
+    assert model_stage.verified(p, state(p))
+    args = (tmp_path / "hf-args").read_text().split()
+    assert args[:3] == ["download", "gpubox/tiny-GGUF", "tiny.gguf"]
+    assert args[3:] == ["--local-dir", p.staging]
+
+
+def test_a_wrong_checksum_is_refused_naming_both_and_nothing_stays(tmp_path):
+    p = plan(tmp_path / "models")
+    result = run_step(p, fake_tool(tmp_path, "hf", with_content(BAD)))
+    assert result.returncode == 1
+    assert f"tiny.gguf has sha256 {BAD_SHA}, expected {SHA}; removed it" in result.stderr
+    models = tmp_path / "models"
+    # nothing in model_dir: no model, no marker, no staging (hf's metadata and partials)
+    assert sorted(os.listdir(models)) == []
+    assert not model_stage.verified(p, state(p))
+    # the next run with good bytes converges
+    result = run_step(p, fake_tool(tmp_path / "again", "hf", with_content(GOOD)))
+    assert result.returncode == 0, result.stderr
+    assert model_stage.verified(p, state(p))
+
+
+def test_a_bad_file_never_appears_at_the_model_path(tmp_path):
+    """What the backend would load is only ever a verified file: the fake hf looks at the
+    model path while it downloads, and the check runs before the move."""
+    p = plan(tmp_path / "models")
+    body = (
+        with_content(BAD) + f"[ -e {tmp_path}/models/tiny.gguf ] && echo seen > {tmp_path}/seen\n"
+    )
+    assert run_step(p, fake_tool(tmp_path, "hf", body)).returncode == 1
+    assert not (tmp_path / "seen").exists()
+    assert not (tmp_path / "models" / "tiny.gguf").exists()
+
+
+def test_a_stale_staging_directory_is_cleared_before_hf_runs(tmp_path):
+    """A bad file and hf's metadata left by a run cut short are not taken for a download."""
+    p = plan(tmp_path / "models")
+    stale = Path(p.staging) / ".cache" / "huggingface" / "download"
+    stale.mkdir(parents=True)
+    (Path(p.staging) / "tiny.gguf").write_bytes(BAD)
+    (stale / "tiny.gguf.metadata").write_text("commit etag\n")
+    (stale / "old.incomplete").write_bytes(b"x" * 100)
+    body = f'ls -A "$dir" > {tmp_path}/listing\n' + with_content(GOOD)
+    result = run_step(p, fake_tool(tmp_path, "hf", body))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "listing").read_text() == ""
+    assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
+
+
+def test_modelscope_downloads_through_the_staging_directory_too(tmp_path):
+    p = plan(tmp_path / "models", source="modelscope")
+    body = f"printf '%s' '{BAD.decode()}' > \"$dir/tiny.gguf\"\n"
+    ms = fake_tool(tmp_path, "modelscope", body)
+    result = run_step(p, ms, ms)
+    assert result.returncode == 1 and f"has sha256 {BAD_SHA}, expected {SHA}" in result.stderr
+    assert os.listdir(tmp_path / "models") == []
+    assert "--local_dir " + p.staging in (tmp_path / "modelscope-args").read_text()
+
+
+def test_the_step_stops_at_the_first_failing_command_and_keeps_set_e():
+    script = model_stage.step_command(["echo one", "set -e; false; echo two", "echo three"])
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=10)
+    assert result.returncode != 0 and result.stdout == "one\n"
+
+
+def state(p: model_stage.ModelPlan) -> str:
+    return subprocess.run(
+        ["sh", "-c", model_stage.model_state_command(p)], capture_output=True, text=True
+    ).stdout
+
+
+# --------------------------------------------------------------------------- progress (G3)
+
+SLOW_HF = """
+mkdir -p "$dir/.cache/huggingface/download"
+part="$dir/.cache/huggingface/download/x.abc.incomplete"
+for i in 1 2 3 4; do head -c 200000 /dev/zero >> "$part"; sleep 1; done
+mv "$part" "$dir/tiny.gguf"
+"""
+
+
+def test_an_hf_download_shows_growing_progress_lines(tmp_path):
+    """The long step with the stage's probe (the staging directory, hf's partial file
+    included), every second: bytes grow from line to line, with the total and an ETA."""
+    p = plan(tmp_path / "models", sha256=None)
+    p = model_stage.ModelPlan(**{**p.__dict__, "size": 800000})
+    commands = model_stage.download_commands(
+        p,
+        "http://127.0.0.1:9",
+        "",
+        token_file=str(tmp_path / "t"),
+        hf_venv=str(fake_tool(tmp_path, "hf", SLOW_HF)),
+    )
+    script = progress.wrapper_command(
+        model_stage.step_command(commands),
+        progress.download_probe(p.path, 800000),
+        every=1,
+        label="Download and verify tiny.gguf (hf)",
+    )
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith("Download and verify tiny.gguf (hf) [")
+    ]
+    sizes = [
+        float(m[1])
+        for m in (re.search(r"downloaded ([\d.]+) KiB of 781\.2 KiB", x) for x in lines)
+        if m
+    ]
+    assert len(sizes) >= 2, result.stdout
+    # growing (the staging directory's own entries count until the file moves out of it)
+    assert max(sizes[1:]) > sizes[0], result.stdout
+    assert any("ETA" in line for line in lines), result.stdout
+    assert (tmp_path / "models" / "tiny.gguf").stat().st_size == 800000
+
+
+# --------------------------------------------------------------------------- the announced size
+
+
+@pytest.fixture
+def hub_server(tmp_path: Path) -> Iterator[int]:
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(GOOD)
+    readme = tmp_path / "README.md"
+    readme.write_bytes(b"hello\n")
+    repo = hub.make_repo("gpubox/tiny-GGUF", {"tiny.gguf": model, "README.md": readme})
+    handler = hub.handler_class({repo.repo_id: repo})
+    stop = threading.Event()
+    deadline = time.monotonic() + 60
+    port: list[int] = []
+    thread = threading.Thread(
+        target=hub.serve,
+        args=(handler, "127.0.0.1", 0),
+        kwargs={
+            "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
+            "ready": port.append,
+        },
+        daemon=True,
+    )
+    thread.start()
+    while not port and thread.is_alive():
+        time.sleep(0.01)
+    yield port[0]
+    stop.set()
+    thread.join(5)
+
+
+def announced(command: str | None) -> str:
+    assert command is not None
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30).stdout
+
+
+def test_the_size_a_hub_announces_is_read(hub_server, tmp_path):
+    endpoint = f"http://127.0.0.1:{hub_server}"
+    p = plan(tmp_path)
+    assert announced(model_stage.remote_size_command(p, endpoint)).strip() == str(len(GOOD))
+    readme = model_stage.ModelPlan(**{**p.__dict__, "file": "README.md"})
+    assert announced(model_stage.remote_size_command(readme, endpoint)).strip() == "6"
+    missing = model_stage.ModelPlan(**{**p.__dict__, "file": "nope.gguf"})
+    assert announced(model_stage.remote_size_command(missing, endpoint)) == ""
+    url = model_stage.ModelPlan(
+        **{
+            **p.__dict__,
+            "source": "url",
+            "url": f"{endpoint}/gpubox/tiny-GGUF/resolve/main/tiny.gguf",
+        }
+    )
+    assert announced(model_stage.remote_size_command(url, "")).strip() == str(len(GOOD))
+    assert model_stage.remote_size_command(plan(tmp_path, source="modelscope"), endpoint) is None
+    # nothing listens: no size, and the command still succeeds
+    result = subprocess.run(
+        ["sh", "-c", model_stage.remote_size_command(p, "http://127.0.0.1:9") or ""],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0 and result.stdout == ""
+
+
+# --------------------------------------------------------------------------- config
+
+
+REFERENCE = {"gpu_model": "Tesla V100-SXM2-32GB", "gpu_count": 2, "driver_branch": "570"}
+
+
+def test_model_repo_points_hf_and_modelscope_at_any_repository():
+    config = load_host_config("b", {**REFERENCE, "model_repo": "me/my-GGUF"})
+    assert model_stage.plan(config).repo == "me/my-GGUF"
+    config = load_host_config(
+        "b", {**REFERENCE, "model_source": "modelscope", "model_repo": "me/ms-GGUF"}
+    )
+    assert model_stage.plan(config).repo == "me/ms-GGUF"
+    default = model_stage.plan(load_host_config("b", REFERENCE))
+    assert (
+        default.repo
+        == load_host_config("b", REFERENCE).catalog["models"]["qwen3-next-80b-a3b-thinking"][
+            "hf_repo"
+        ]
+    )
+
+
+def test_model_repo_is_validated():
+    _, problems = validate("b", {**REFERENCE, "model_repo": "no-slash"})
+    (problem,) = [x for x in problems if x.key == "model_repo"]
+    assert problem.severity == "error" and "'owner/name'" in problem.message
+    _, problems = validate("b", {**REFERENCE, "model_repo": "a/b/c"})
+    assert [x.key for x in problems if x.severity == "error"] == ["model_repo"]
+    _, problems = validate(
+        "b",
+        {
+            **REFERENCE,
+            "model_repo": "a/b",
+            "model_source": "url",
+            "model_url": "http://127.0.0.1:9/m.gguf",
+        },
+    )
+    (problem,) = [x for x in problems if x.key == "model_repo"]
+    assert problem.severity == "warning"
+
+
+def test_a_model_file_of_its_own_does_not_take_the_catalogs_size_or_checksum():
+    sized = {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.size": 123}}
+    assert model_stage.plan(load_host_config("b", {**REFERENCE, **sized})).size == 123
+    config = load_host_config("b", {**REFERENCE, **sized, "model_file": "other.gguf"})
+    p = model_stage.plan(config)
+    assert p.sha256 is None and p.size is None

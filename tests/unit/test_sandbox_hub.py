@@ -1,0 +1,288 @@
+"""The sandbox's Hugging Face Hub mirror (gpubox.sandbox.hub), served for real on loopback in
+this process: the headers huggingface_hub's `hf download` reads, byte ranges, the Hub's error
+codes, the model info, the test controls (rate, a dropped connection, altered bytes) and the
+PEP 503 index that pip installs from."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubox.sandbox import hub, pypi
+
+MODEL = bytes(range(256)) * 1000  # 256,000 bytes, a ".gguf": kept in LFS
+README = b"# tiny\n\nA test repository.\n"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[dict]:
+    """A hub with one repository (a model and a README) and a wheel index, on a free port;
+    stopped after the test (and in any case within 60 s)."""
+    (tmp_path / "repo").mkdir()
+    model = tmp_path / "repo" / "tiny.gguf"
+    model.write_bytes(MODEL)
+    readme = tmp_path / "repo" / "README.md"
+    readme.write_bytes(README)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = make_wheel(wheels, "gpubox_index_probe", "0.1")
+    repo = hub.make_repo("gpubox/tiny-GGUF", {"tiny.gguf": model, "README.md": readme})
+    control = tmp_path / "control.json"
+    log = tmp_path / "requests.jsonl"
+    handler = hub.handler_class({repo.repo_id: repo}, wheels, control, log)
+    stop = threading.Event()
+    deadline = time.monotonic() + 60
+    port: list[int] = []
+    thread = threading.Thread(
+        target=hub.serve,
+        args=(handler, "127.0.0.1", 0),
+        kwargs={
+            "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
+            "ready": port.append,
+        },
+        daemon=True,
+    )
+    thread.start()
+    while not port and thread.is_alive():
+        time.sleep(0.01)
+    yield {
+        "port": port[0],
+        "repo": repo,
+        "control": control,
+        "log": log,
+        "wheel": wheel,
+        "tmp": tmp_path,
+    }
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def make_wheel(directory: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel (PEP 427) that pip accepts."""
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": "",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for n, text in files.items():
+            z.writestr(n, text)
+        z.writestr(f"{info}/RECORD", record)
+    return path
+
+
+def request(port: int, method: str, path: str, headers: dict | None = None):
+    """(status, headers, body); a connection the server breaks gives the bytes that came."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        try:
+            body = response.read()
+        except http.client.IncompleteRead as exc:
+            body = exc.partial
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+    finally:
+        conn.close()
+
+
+RESOLVE = "/gpubox/tiny-GGUF/resolve/main/tiny.gguf"
+
+
+def log_of(served: dict, count: int) -> list[dict]:
+    """The request log once it has ``count`` entries (the server writes an entry after the
+    response went out, so the client may read the log first)."""
+    deadline = time.monotonic() + 10
+    while len(log := hub.read_log(served["log"])) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return log
+
+
+def test_head_resolve_has_the_headers_hf_download_reads(served):
+    status, headers, body = request(served["port"], "HEAD", RESOLVE)
+    sha256 = hashlib.sha256(MODEL).hexdigest()
+    assert status == 200 and body == b""
+    assert headers["x-repo-commit"] == served["repo"].commit
+    assert len(headers["x-repo-commit"]) == 40
+    assert headers["etag"] == f'"{sha256}"'
+    assert headers["x-linked-etag"] == f'"{sha256}"'
+    assert headers["x-linked-size"] == str(len(MODEL))
+    assert headers["content-length"] == str(len(MODEL))
+    assert headers["accept-ranges"] == "bytes"
+    # no Xet headers: huggingface_hub downloads over plain HTTP
+    assert not [h for h in headers if h.startswith("x-xet")]
+
+
+def test_a_plain_git_file_has_its_blob_sha1_as_etag_and_no_linked_headers(served):
+    status, headers, body = request(
+        served["port"], "GET", "/gpubox/tiny-GGUF/resolve/main/README.md"
+    )
+    git = subprocess.run(
+        ["git", "hash-object", "--stdin"], input=README, capture_output=True, check=True
+    )
+    assert status == 200 and body == README
+    assert headers["etag"] == f'"{git.stdout.decode().strip()}"'
+    assert "x-linked-etag" not in headers and "x-linked-size" not in headers
+
+
+def test_get_serves_the_bytes_and_single_ranges(served):
+    port = served["port"]
+    status, headers, body = request(port, "GET", RESOLVE)
+    assert status == 200 and body == MODEL
+    status, headers, body = request(port, "GET", RESOLVE, {"Range": "bytes=100000-"})
+    assert status == 206 and body == MODEL[100000:]
+    assert headers["content-range"] == f"bytes 100000-{len(MODEL) - 1}/{len(MODEL)}"
+    assert headers["content-length"] == str(len(MODEL) - 100000)
+    status, headers, body = request(port, "GET", RESOLVE, {"Range": "bytes=10-19"})
+    assert status == 206 and body == MODEL[10:20]
+    status, headers, body = request(port, "GET", RESOLVE, {"Range": "bytes=-5"})
+    assert status == 206 and body == MODEL[-5:]
+    status, headers, body = request(port, "GET", RESOLVE, {"Range": f"bytes={len(MODEL)}-"})
+    assert status == 416 and headers["content-range"] == f"bytes */{len(MODEL)}"
+    # several ranges at once are not taken: the whole file, as the RFC allows
+    status, headers, body = request(port, "GET", RESOLVE, {"Range": "bytes=0-1,5-6"})
+    assert status == 200 and body == MODEL
+
+
+def test_the_revision_may_be_the_commit_and_errors_carry_the_hubs_codes(served):
+    port, commit = served["port"], served["repo"].commit
+    status, headers, _ = request(port, "HEAD", f"/gpubox/tiny-GGUF/resolve/{commit}/tiny.gguf")
+    assert status == 200 and headers["x-repo-commit"] == commit
+    status, headers, body = request(port, "GET", "/gpubox/other/resolve/main/tiny.gguf")
+    assert status == 401 and headers["x-error-code"] == "RepoNotFound"
+    assert "error" in json.loads(body)
+    status, headers, _ = request(port, "HEAD", "/gpubox/tiny-GGUF/resolve/v9/tiny.gguf")
+    assert status == 404 and headers["x-error-code"] == "RevisionNotFound"
+    status, headers, _ = request(port, "HEAD", "/gpubox/tiny-GGUF/resolve/main/nope.gguf")
+    assert status == 404 and headers["x-error-code"] == "EntryNotFound"
+    assert headers["x-repo-commit"] == commit
+
+
+def test_model_info_lists_the_files_at_the_commit(served):
+    port, repo = served["port"], served["repo"]
+    for path in ("/api/models/gpubox/tiny-GGUF", "/api/models/gpubox/tiny-GGUF/revision/main"):
+        status, _, body = request(port, "GET", path)
+        info = json.loads(body)
+        assert status == 200 and info["id"] == "gpubox/tiny-GGUF" and info["sha"] == repo.commit
+        assert sorted(s["rfilename"] for s in info["siblings"]) == ["README.md", "tiny.gguf"]
+    status, _, body = request(port, "GET", "/api/models/gpubox/tiny-GGUF/revision/main?blobs=true")
+    siblings = {s["rfilename"]: s for s in json.loads(body)["siblings"]}
+    assert siblings["tiny.gguf"]["lfs"]["sha256"] == hashlib.sha256(MODEL).hexdigest()
+    assert siblings["tiny.gguf"]["size"] == len(MODEL) and "lfs" not in siblings["README.md"]
+
+
+def test_a_dropped_connection_happens_once_then_ranges_resume(served):
+    port, control = served["port"], served["control"]
+    control.write_text(json.dumps({"drop_after": 100000, "rate": 0}))
+    status, headers, body = request(port, "GET", RESOLVE)
+    assert status == 200 and headers["content-length"] == str(len(MODEL))
+    assert body == MODEL[:100000]  # the connection broke there
+    assert json.loads(control.read_text()) == {"rate": 0}  # taken: once only
+    status, _, rest = request(port, "GET", RESOLVE, {"Range": f"bytes={len(body)}-"})
+    assert status == 206 and body + rest == MODEL
+    log = log_of(served, 2)
+    assert [e.get("dropped", False) for e in log] == [True, False]
+    assert [e["bytes"] for e in log] == [100000, len(MODEL) - 100000]
+    assert log[1]["range"] == "bytes=100000-" and log[1]["status"] == 206
+
+
+def test_corrupt_alters_one_byte_and_keeps_the_real_checksum_in_the_headers(served):
+    served["control"].write_text(json.dumps({"corrupt": True}))
+    status, headers, body = request(served["port"], "GET", RESOLVE)
+    assert status == 200 and len(body) == len(MODEL) and body != MODEL
+    assert sum(a != b for a, b in zip(body, MODEL, strict=True)) == 1
+    assert headers["x-linked-etag"] == f'"{hashlib.sha256(MODEL).hexdigest()}"'
+    served["control"].write_text("{}")
+    assert request(served["port"], "GET", RESOLVE)[2] == MODEL
+
+
+def test_rate_slows_the_bytes_down(served):
+    served["control"].write_text(json.dumps({"rate": 40000}))
+    started = time.monotonic()
+    status, _, body = request(served["port"], "GET", RESOLVE, {"Range": "bytes=0-79999"})
+    took = time.monotonic() - started
+    assert status == 206 and body == MODEL[:80000]
+    assert 1.7 < took < 10, took  # 80,000 bytes at 40,000 bytes/s
+    assert log_of(served, 1)[-1]["rate"] == 40000
+
+
+def test_the_simple_index_serves_wheels_pip_installs(served):
+    port, wheel = served["port"], served["wheel"]
+    status, _, root = request(port, "GET", "/pypi/simple/")
+    assert status == 200 and b'href="gpubox-index-probe/"' in root
+    status, _, page = request(port, "GET", "/pypi/simple/GPUBOX_Index.Probe/")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert status == 200 and f"../../files/{wheel.name}#sha256={digest}".encode() in page
+    assert request(port, "GET", f"/pypi/files/{wheel.name}")[2] == wheel.read_bytes()
+    assert request(port, "GET", "/pypi/files/../control.json")[0] == 404
+    assert request(port, "GET", "/pypi/simple/nothing/")[0] == 404
+    # pip itself, from this index only (--isolated: no pip.conf, no extra index)
+    dest = served["tmp"] / "got"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--isolated",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--index-url",
+            f"http://127.0.0.1:{port}/pypi/simple",
+            "-d",
+            str(dest),
+            "gpubox-index-probe==0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (dest / wheel.name).read_bytes() == wheel.read_bytes()
+
+
+def test_every_request_is_logged(served):
+    request(served["port"], "HEAD", RESOLVE)
+    request(served["port"], "GET", "/api/agent-harnesses")
+    log = log_of(served, 2)
+    assert [(e["method"], e["path"], e["status"]) for e in log] == [
+        ("HEAD", RESOLVE, 200),
+        ("GET", "/api/agent-harnesses", 200),
+    ]
+
+
+def test_wheel_names_map_to_pep503_projects():
+    assert pypi.project_of("huggingface_hub-1.33.0-py3-none-any.whl") == "huggingface-hub"
+    assert pypi.project_of("typing_extensions-4.16.0-py3-none-any.whl") == "typing-extensions"
+    assert pypi.project_of("PyYAML-6.0.tar.gz") == "pyyaml"
+    assert pypi.normalize("Foo.Bar__baz") == "foo-bar-baz"
+
+
+def test_the_wheels_are_fetched_for_the_box_not_for_this_host():
+    argv = pypi.download_argv(["huggingface_hub[hf_xet]>=1.0,<2"], Path("/tmp/x"))
+    assert argv[argv.index("--python-version") + 1] == "3.11"
+    assert "--only-binary=:all:" in argv and "manylinux_2_17_x86_64" in argv
+    assert argv[-1] == "huggingface_hub[hf_xet]>=1.0,<2"
+
+
+def test_the_large_test_file_is_the_same_every_time(tmp_path):
+    a = hub.ensure_large_file(tmp_path / "a")
+    b = hub.ensure_large_file(tmp_path / "b")
+    assert a.stat().st_size == hub.LARGE_FILE_SIZE > 10 * 2**20  # over hf's 10 MiB write chunk
+    assert a.read_bytes() == b.read_bytes()
+    assert hub.ensure_large_file(tmp_path / "a") == a

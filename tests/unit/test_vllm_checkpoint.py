@@ -1,0 +1,275 @@
+"""The vLLM checkpoint's shell (gpubox.stages.checkpoint), run for real with /bin/sh in a
+temporary directory and a fake `hf` that downloads as hf does (partial files under
+DIR/.cache/huggingface/download, then moved into DIR, a metadata file per file): the marker is
+written only once every listed file has its size; the state fact finds a missing or resized
+file; a second run removes that file first and skips nothing else; the token file goes however
+the download ends; the long step's lines count the whole directory against the listed total.
+The Hub's listing is read from the sandbox's Hub served in this process."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubox import progress
+from gpubox.sandbox import hub
+from gpubox.stages import checkpoint
+from gpubox.stages import model as model_stage
+
+REPO = "someone/Tiny-int4"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+FILES = {
+    "config.json": 120,
+    "model-00001-of-00002.safetensors": 300_000,
+    "model-00002-of-00002.safetensors": 200_000,
+    "sub dir/tokenizer config.json": 77,  # a space and a subdirectory
+}
+LISTING = checkpoint.Listing(COMMIT, dict(FILES))
+
+
+def fake_hf(tmp_path: Path, files: dict[str, int], delay: float = 0, fail: bool = False) -> Path:
+    """A venv whose bin/hf downloads ``files`` (zero bytes of each size) into --local-dir as
+    hf does, skipping a file already there; it logs its arguments, the files it found there,
+    whether the token file was there and what HF_TOKEN it got."""
+    venv = tmp_path / "hf-venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    lines = [
+        "#!/bin/sh",
+        f'echo "$@" > {tmp_path}/hf-args',
+        f'printf "%s" "$HF_TOKEN" > {tmp_path}/hf-token-seen',
+        'dir=; while [ $# -gt 0 ]; do case "$1" in --local-dir) dir=$2;; esac; shift; done',
+        'dl="$dir/.cache/huggingface/download"; mkdir -p "$dl"',
+    ]
+    for name, size in files.items():
+        path = f'"$dir"/{shlex.quote(name)}'
+        partial = f'"$dl"/{shlex.quote(name.replace("/", "_"))}.incomplete'
+        lines += [
+            f"if [ -e {path} ]; then echo {shlex.quote(name)} >> {tmp_path}/hf-found; else",
+            f'  mkdir -p "$(dirname {path})"',
+            f"  head -c {size} /dev/zero > {partial}",
+            f"  sleep {delay}" if delay else "  :",
+            f"  mv {partial} {path}",
+            f'  printf "{COMMIT}\\netag\\n1\\n" > "$dl"/{shlex.quote(name.replace("/", "_"))}'
+            ".metadata",
+            "fi",
+        ]
+    if fail:
+        lines.append("exit 3")
+    (venv / "bin" / "hf").write_text("\n".join(lines) + "\n")
+    (venv / "bin" / "hf").chmod(0o755)
+    return venv
+
+
+def run(
+    c: checkpoint.Checkpoint,
+    venv: Path,
+    listing: checkpoint.Listing | None = LISTING,
+    bad: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    token = Path(c.model_dir).parent / "token"
+    commands = checkpoint.download_commands(
+        c, listing, bad, "http://127.0.0.1:9", str(token), str(venv), model_stage.HF_QUIET
+    )
+    return subprocess.run(
+        ["/bin/sh", "-c", model_stage.step_command(commands)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def state(c: checkpoint.Checkpoint) -> checkpoint.State:
+    out = subprocess.run(
+        ["/bin/sh", "-c", checkpoint.state_command(c)], capture_output=True, text=True, timeout=30
+    )
+    return checkpoint.parse_state(out.stdout)
+
+
+@pytest.fixture
+def c(tmp_path: Path) -> checkpoint.Checkpoint:
+    return checkpoint.Checkpoint(repo=REPO, model_dir=str(tmp_path / "models"))
+
+
+def test_a_download_writes_the_marker_with_the_commit_and_every_files_size(c, tmp_path):
+    assert not state(c).marker and not state(c).complete
+    (tmp_path / "token").write_text("hf_secret\n")
+    result = run(c, fake_hf(tmp_path, FILES))
+    assert result.returncode == 0, result.stderr
+    args = (tmp_path / "hf-args").read_text().split()
+    assert args == ["download", REPO, "--revision", COMMIT, "--local-dir", c.directory]
+    assert (tmp_path / "hf-token-seen").read_text() == "hf_secret"
+    assert not (tmp_path / "token").exists()  # removed once the download ended
+    marker = Path(c.marker).read_text().splitlines()
+    assert marker[:2] == [f"repo {REPO}", f"commit {COMMIT}"]
+    assert sorted(marker[2:]) == sorted(f"file {s} {n}" for n, s in FILES.items())
+    s = state(c)
+    assert s.complete and s.commit == COMMIT and s.files == len(FILES) and not s.bad
+    assert s.present >= sum(FILES.values())
+
+
+def test_a_missing_or_resized_file_is_found_and_only_it_is_fetched_again(c, tmp_path):
+    assert run(c, fake_hf(tmp_path, FILES)).returncode == 0
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    Path(c.directory, first).unlink()
+    with open(Path(c.directory, second), "r+b") as f:
+        f.truncate(1000)  # resized
+    s = state(c)
+    assert not s.complete and sorted(s.bad) == [first, second]
+    (tmp_path / "hf-found").unlink(missing_ok=True)
+    result = run(c, fake_hf(tmp_path, FILES), bad=s.bad)
+    assert result.returncode == 0, result.stderr
+    # the resized file was removed before hf ran (hf would keep a file it has metadata for);
+    # the files that matched were there and kept
+    found = (tmp_path / "hf-found").read_text().splitlines()
+    assert sorted(found) == ["config.json", "sub dir/tokenizer config.json"]
+    assert Path(c.directory, second).stat().st_size == FILES[second]
+    assert state(c).complete
+
+
+def test_a_short_file_after_hf_leaves_no_marker_and_names_it(c, tmp_path):
+    short = {**FILES, "model-00002-of-00002.safetensors": 199_999}
+    result = run(c, fake_hf(tmp_path, short))
+    assert result.returncode == 1
+    assert (
+        f"gpubox: {REPO}: model-00002-of-00002.safetensors has 199999 bytes, expected 200000"
+        in result.stderr
+    )
+    assert not Path(c.marker).exists() and not Path(c.marker + ".new").exists()
+    assert not state(c).complete
+
+
+def test_a_failed_hf_removes_the_old_marker_and_the_token(c, tmp_path):
+    assert run(c, fake_hf(tmp_path, FILES)).returncode == 0
+    (tmp_path / "token").write_text("hf_secret\n")
+    result = run(c, fake_hf(tmp_path, {}, fail=True), bad=("config.json",))
+    assert result.returncode == 3
+    assert not Path(c.marker).exists() and not (tmp_path / "token").exists()
+    assert not state(c).marker
+
+
+def test_without_a_listing_the_marker_lists_what_hf_left(c, tmp_path):
+    result = run(c, fake_hf(tmp_path, FILES), listing=None)
+    assert result.returncode == 0, result.stderr
+    assert "--revision" not in (tmp_path / "hf-args").read_text()
+    marker = Path(c.marker).read_text().splitlines()
+    assert marker[:2] == [f"repo {REPO}", f"commit {COMMIT}"]  # from hf's metadata
+    assert sorted(marker[2:]) == sorted(f"file {s} {n}" for n, s in FILES.items())  # no .cache
+    assert state(c).complete
+
+
+def test_the_long_step_counts_the_directory_against_the_listed_total(c, tmp_path):
+    files = {"a.safetensors": 400_000, "b.safetensors": 400_000, "config.json": 10}
+    listing = checkpoint.Listing(COMMIT, files)
+    commands = checkpoint.download_commands(
+        c,
+        listing,
+        (),
+        "http://127.0.0.1:9",
+        str(tmp_path / "token"),
+        str(fake_hf(tmp_path, files, delay=1.5)),
+        model_stage.HF_QUIET,
+    )
+    script = progress.wrapper_command(
+        model_stage.step_command(commands),
+        progress.download_probe(c.directory, listing.total),
+        every=1,
+        label="Download the vLLM checkpoint",
+    )
+    result = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [
+        x for x in result.stdout.splitlines() if x.startswith("Download the vLLM checkpoint [")
+    ]
+    sizes = [
+        float(m[1])
+        for m in (re.search(r"downloaded ([\d.]+) KiB of 781\.3 KiB", x) for x in lines)
+        if m
+    ]
+    assert len(sizes) >= 2 and max(sizes) > min(sizes), result.stdout
+    assert any("ETA" in x for x in lines), result.stdout
+    assert state(c).complete
+
+
+def test_the_listing_is_parsed_strictly():
+    info = {"sha": COMMIT, "siblings": [{"rfilename": n, "size": s} for n, s in FILES.items()]}
+    listing = checkpoint.parse_listing(json.dumps(info))
+    assert listing == LISTING and listing.total == sum(FILES.values())
+    lfs_only = {"sha": COMMIT, "siblings": [{"rfilename": "a", "lfs": {"size": 5}}]}
+    assert checkpoint.parse_listing(json.dumps(lfs_only)) == checkpoint.Listing(COMMIT, {"a": 5})
+    for broken in (
+        "",
+        "not json",
+        json.dumps({"sha": "main", "siblings": info["siblings"]}),
+        json.dumps({"sha": COMMIT, "siblings": []}),
+        json.dumps({"sha": COMMIT, "siblings": [{"rfilename": "a"}]}),  # no size
+        json.dumps({"sha": COMMIT, "siblings": [{"rfilename": "../a", "size": 1}]}),
+        json.dumps({"sha": COMMIT, "siblings": [{"rfilename": "/etc/x", "size": 1}]}),
+        json.dumps({"sha": COMMIT, "siblings": [{"rfilename": "a\nfile 1 b", "size": 1}]}),
+    ):
+        assert checkpoint.parse_listing(broken) is None, broken
+
+
+def test_a_repository_name_that_is_no_owner_slash_name_is_refused():
+    from gpubox.config import load_host_config
+
+    base = {"gpu_model": "Tesla V100-SXM2-32GB", "gpu_count": 2, "backend": "vllm"}
+    for bad in ("../../etc", "a/b/c", "a", "a/.."):
+        key = "models.qwen3-next-80b-a3b-thinking.vllm_repo"
+        config = load_host_config("b", {**base, "catalog_overrides": {key: bad}})
+        with pytest.raises(ValueError, match="not a Hugging Face repository"):
+            checkpoint.plan(config)
+
+
+# --------------------------------------------------------------------------- the Hub's listing
+
+
+@pytest.fixture
+def hub_server(tmp_path: Path) -> Iterator[tuple[int, hub.HubRepo]]:
+    """The sandbox's Hub with a two-shard repository, in this process; stops within 60 s."""
+    files = {}
+    for name, size in {"config.json": 50, "model-00001-of-00002.safetensors": 70_000}.items():
+        path = tmp_path / "served" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+        files[name] = path
+    repo = hub.make_repo(REPO, files)
+    handler = hub.handler_class({repo.repo_id: repo})
+    stop = threading.Event()
+    deadline = time.monotonic() + 60
+    port: list[int] = []
+    thread = threading.Thread(
+        target=hub.serve,
+        args=(handler, "127.0.0.1", 0),
+        kwargs={
+            "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
+            "ready": port.append,
+        },
+        daemon=True,
+    )
+    thread.start()
+    while not port and thread.is_alive():
+        time.sleep(0.01)
+    yield port[0], repo
+    stop.set()
+    thread.join(5)
+
+
+def test_the_hubs_listing_gives_the_commit_and_the_sizes(hub_server):
+    port, repo = hub_server
+    command = checkpoint.listing_command(REPO, f"http://127.0.0.1:{port}/")
+    out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=30)
+    listing = checkpoint.parse_listing(out.stdout)
+    assert listing == checkpoint.Listing(
+        repo.commit, {"config.json": 50, "model-00001-of-00002.safetensors": 70_000}
+    )
+    missing = checkpoint.listing_command("nobody/none", f"http://127.0.0.1:{port}")
+    out = subprocess.run(["/bin/sh", "-c", missing], capture_output=True, text=True, timeout=30)
+    assert checkpoint.parse_listing(out.stdout) is None

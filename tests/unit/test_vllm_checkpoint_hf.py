@@ -1,0 +1,201 @@
+"""The vLLM checkpoint's download run with the real `hf` (huggingface_hub, the catalog's
+requirement, installed in a scratch venv from the wheels the sandbox caches, fetched from PyPI
+once) against the sandbox's Hub served in this process: the plan-time listing, the whole
+multi-file repository downloaded at the listed commit as the long step runs it (progress lines
+with the total), the marker, and a second run after one shard went missing and another was
+truncated (its mtime put back, so hf's own metadata would take it for finished) that fetches
+those two shards only.
+
+The sandbox's Hub answers no tree listing (``/api/models/REPO/tree/REV``), which
+``hf download REPO`` (snapshot_download) asks for the list of files; the test's server adds
+that route, as the Hub answers it (one JSON entry per file: type, oid, size, path, lfs)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubox import catalog, progress
+from gpubox.sandbox import hub, pypi
+from gpubox.sandbox.box import cache_dir
+from gpubox.stages import checkpoint
+from gpubox.stages import model as model_stage
+
+REPO = "someone/Tiny-int4-AutoRound"
+SHARD_1 = "model-00001-of-00002.safetensors"
+SHARD_2 = "model-00002-of-00002.safetensors"
+
+
+@pytest.fixture(scope="module")
+def hf_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with the catalog's huggingface_hub, from the wheels the sandbox's PyPI mirror
+    serves (cached under the gpubox cache dir; pip downloads them from PyPI the first time)."""
+    requirement = catalog.load()["hf"]["hub_requirement"]
+    wheels = pypi.ensure_wheels(cache_dir() / "pypi", [requirement], lambda message: None)
+    venv = tmp_path_factory.mktemp("hf") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
+         "--find-links", str(wheels), requirement],
+        check=True,
+        timeout=300,
+    )  # fmt: skip
+    return venv
+
+
+def tree_handler(base: type[hub.HubHandler]) -> type[hub.HubHandler]:
+    """The sandbox Hub's handler with the tree listing added."""
+
+    class WithTree(base):  # type: ignore[misc, valid-type]
+        def _dispatch(self, body: bool) -> None:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", path)
+            if not m:
+                super()._dispatch(body)
+                return
+            repo = self._repo(m[1], m[2], body)
+            if repo is None:
+                return
+            entries = []
+            for f in sorted(repo.files.values(), key=lambda f: f.name):
+                entry = {"type": "file", "oid": f.git_sha1, "size": f.size, "path": f.name}
+                if f.lfs:
+                    entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
+                entries.append(entry)
+            data = json.dumps(entries).encode()
+            self._send(200, data, "application/json; charset=utf-8", body)
+
+    return WithTree
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[dict]:
+    """A repository of a config, two shards (Git LFS) and a tokenizer in a subdirectory, served
+    on a free loopback port until the test ends (60 s at most); every request logged."""
+    contents = {
+        "config.json": b'{"architectures": ["Qwen3NextForCausalLM"]}\n',
+        SHARD_1: hashlib.shake_256(b"shard 1").digest(3 * 2**20 + 17),
+        SHARD_2: hashlib.shake_256(b"shard 2").digest(2 * 2**20 + 5),
+        "tokenizer/tokenizer.json": b'{"version": "1.0"}\n',
+    }
+    files = {}
+    for name, data in contents.items():
+        path = tmp_path / "served" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        files[name] = path
+    repo = hub.make_repo(REPO, files)
+    log = tmp_path / "requests.jsonl"
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps({"rate": 2**20}))  # bytes/s, per download
+    handler = tree_handler(hub.handler_class({REPO: repo}, control=control, request_log=log))
+    stop = threading.Event()
+    deadline = time.monotonic() + 60
+    port: list[int] = []
+    thread = threading.Thread(
+        target=hub.serve,
+        args=(handler, "127.0.0.1", 0),
+        kwargs={
+            "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
+            "ready": port.append,
+        },
+        daemon=True,
+    )
+    thread.start()
+    while not port and thread.is_alive():
+        time.sleep(0.01)
+    yield {
+        "endpoint": f"http://127.0.0.1:{port[0]}",
+        "repo": repo,
+        "contents": contents,
+        "log": log,
+    }
+    stop.set()
+    thread.join(5)
+
+
+def sh(command: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["/bin/sh", "-c", command], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def download(c, listing, bad, served, hf_venv, tmp_path) -> subprocess.CompletedProcess[str]:
+    """The model stage's long step for the checkpoint, as pyinfra would run it (every 1 s)."""
+    commands = checkpoint.download_commands(
+        c, listing, bad, served["endpoint"], str(tmp_path / "token"), str(hf_venv),
+        model_stage.HF_QUIET,
+    )  # fmt: skip
+    script = progress.wrapper_command(
+        model_stage.step_command(commands),
+        progress.download_probe(c.directory, listing.total if listing else None),
+        every=1,
+        label="Download the vLLM checkpoint",
+    )
+    return sh(script, timeout=300)
+
+
+def fetched(log: Path) -> list[str]:
+    """The files whose bytes were asked for (GET .../resolve/...)."""
+    return sorted(
+        urllib.parse.unquote(e["path"].split("/resolve/", 1)[1].split("/", 1)[1])
+        for e in hub.read_log(log)
+        if e["method"] == "GET" and "/resolve/" in e["path"]
+    )
+
+
+def test_the_real_hf_downloads_the_whole_repository_and_a_rerun_fetches_only_what_is_missing(
+    served, hf_venv, tmp_path
+):
+    c = checkpoint.Checkpoint(repo=REPO, model_dir=str(tmp_path / "models"))
+    listing = checkpoint.parse_listing(
+        sh(checkpoint.listing_command(REPO, served["endpoint"])).stdout
+    )
+    contents = served["contents"]
+    assert listing == checkpoint.Listing(
+        served["repo"].commit, {n: len(d) for n, d in contents.items()}
+    )
+    (tmp_path / "token").write_text("hf_test_token\n")
+
+    result = download(c, listing, (), served, hf_venv, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # progress lines while it ran (the shards come at 1 MiB/s), against the listed total
+    assert re.search(
+        r"Download the vLLM checkpoint \[.*\]: downloaded .* of 5\.0 MiB", result.stdout
+    )
+    assert "Download the vLLM checkpoint: done in " in result.stdout
+    for name, data in contents.items():
+        assert Path(c.directory, name).read_bytes() == data, name
+    assert not (tmp_path / "token").exists()
+    assert fetched(served["log"]) == sorted(contents)
+    s = checkpoint.parse_state(sh(checkpoint.state_command(c)).stdout)
+    assert s.complete and s.commit == served["repo"].commit and s.files == len(contents)
+
+    # one shard gone, the other truncated with its old mtime put back
+    Path(c.directory, SHARD_1).unlink()
+    shard_2 = Path(c.directory, SHARD_2)
+    before = shard_2.stat()
+    with open(shard_2, "r+b") as f:
+        f.truncate(1000)
+    os.utime(shard_2, ns=(before.st_atime_ns, before.st_mtime_ns))
+    s = checkpoint.parse_state(sh(checkpoint.state_command(c)).stdout)
+    assert not s.complete and sorted(s.bad) == [SHARD_1, SHARD_2]
+
+    served["log"].unlink()
+    result = download(c, listing, s.bad, served, hf_venv, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert fetched(served["log"]) == sorted([SHARD_1, SHARD_2])  # nothing else again
+    for name, data in contents.items():
+        assert Path(c.directory, name).read_bytes() == data, name
+    assert checkpoint.parse_state(sh(checkpoint.state_command(c)).stdout).complete
