@@ -1,7 +1,8 @@
 """Converge a box: pyinfra INVENTORY deploy/full.py (safe to re-run).
 
 The inventory is validated first (every host, every problem at once), then each stage
-preflights its host; a refused run changes nothing. Burn-in is separate: deploy/burnin.py."""
+preflights its host; a refused run changes nothing. Burn-in is separate: deploy/burnin.py.
+The run ends with the quick checks of gpubox.checks (verify_after_deploy, on by default)."""
 
 from gpubox.stages import current_config
 from gpubox.stages.backend import backend
@@ -11,6 +12,7 @@ from gpubox.stages.dcgm import dcgm
 from gpubox.stages.docker import docker
 from gpubox.stages.driver import driver
 from gpubox.stages.tools import tools
+from gpubox.verify import verify
 
 current_config()
 driver()
@@ -20,3 +22,4 @@ container_toolkit()
 dcgm()
 tools()
 backend()
+verify()

@@ -73,6 +73,34 @@ def cmd_burnin(args: argparse.Namespace) -> int:
     return 1  # not reached
 
 
+def cmd_checks(args: argparse.Namespace) -> int:
+    """List every check: id, marker, who runs it, title, the facts it reads (and with what)."""
+    from gpubox import checks
+
+    rows = [
+        (
+            c.id,
+            c.marker or "full",
+            "host checks"
+            if c.active
+            else "host checks, doctor"
+            + ("" if c.marker != "quick" or c.area == "burnin" else ", deploy"),
+            c.title,
+            ", ".join(f"{n} ({checks.FACTS[n].reads_with})" for n in c.reads),
+        )
+        for c in checks.ALL
+    ]
+    if args.markdown:
+        print("| check | marker | run by | what it proves | reads (parser) |")
+        print("|---|---|---|---|---|")
+        for row in rows:
+            print("| " + " | ".join(f"`{row[0]}`" if i == 0 else row[i] for i in range(5)) + " |")
+        return 0
+    for row in rows:
+        print(f"{row[0]:<28} {row[1]:<6} {row[3]}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sandbox"]:
@@ -96,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="validate an inventory offline (no host is contacted)")
     check.add_argument("inventory")
     check.set_defaults(func=cmd_check)
+    listing = sub.add_parser("checks", help="list every check on a box (id, marker, title)")
+    listing.add_argument("--markdown", action="store_true", help="as a Markdown table")
+    listing.set_defaults(func=cmd_checks)
     burnin = sub.add_parser("burnin", help="burn in every host's GPUs (gpu-burn, dcgmi diag)")
     burnin.add_argument("inventory")
     burnin.add_argument("--seconds", type=int, help="override burnin_seconds")

@@ -147,7 +147,14 @@ class CheckRun:
     failed: int
     skipped: int
     output: str
-    failures: dict[str, str] = field(default_factory=dict)  # test name -> failure message
+    failures: dict[str, str] = field(default_factory=dict)  # check id -> failure message
+
+
+def check_id(test_name: str) -> str:
+    """The check of a host-check test: ``test_check[HOST:CHECK]`` -> ``CHECK``."""
+    if "[" not in test_name:
+        return test_name
+    return test_name.split("[", 1)[1].rstrip("]").split(":", 1)[-1]
 
 
 def checks(inventory: str = INVENTORY, extra: tuple[str, ...] = ()) -> CheckRun:
@@ -173,7 +180,7 @@ def checks(inventory: str = INVENTORY, extra: tuple[str, ...] = ()) -> CheckRun:
         if not report.exists():
             return run
         for case in ElementTree.parse(report).getroot().iter("testcase"):
-            name = case.get("name", "?").split("[")[0]
+            name = check_id(case.get("name", "?"))
             problem = case.find("failure")
             if problem is None:
                 problem = case.find("error")

@@ -36,6 +36,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, operation
 
+from gpubox import layout
 from gpubox.config import HostConfig, Problem
 
 # Order matters only for the messages: the frontend lock is the one apt waits on first.
@@ -48,7 +49,7 @@ LOCKS = (
 # The units that run apt-get update and unattended-upgrades (oneshots: "activating" while they
 # run). They take and release the locks in turn; between two locks the unit is still busy.
 APT_UNITS = ("apt-daily.service", "apt-daily-upgrade.service")
-CONF_FILE = "/etc/apt/apt.conf.d/50gpubox-dpkg-lock"
+CONF_FILE = layout.DPKG_LOCK_CONF  # the name the tests use
 POLL_S = 3.0
 REPORT_EVERY_S = 15.0
 CMDLINE_CHARS = 160
@@ -405,8 +406,8 @@ def prepare(config: HostConfig) -> None:
     timeout = int(config.apt_lock_timeout)
     wait_until_free(host.name, timeout, lambda: host.get_fact(DpkgLocks), logger.info, sleep=sleep)
 
-    managed = ManagedFiles({CONF_FILE: lock_timeout_conf(timeout)})
-    managed.put(f"apt-get waits up to {timeout} s for dpkg's lock", CONF_FILE)
+    managed = ManagedFiles({layout.DPKG_LOCK_CONF: lock_timeout_conf(timeout)})
+    managed.put(f"apt-get waits up to {timeout} s for dpkg's lock", layout.DPKG_LOCK_CONF)
 
     state = host.get_fact(DpkgInterrupted)
     if state.interrupted:

@@ -32,9 +32,8 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from gpubox import layout
 from gpubox.config import HostConfig, Problem, Target
-
-QUERY_DIR = "/var/cache/gpubox/apt-query"
 
 
 @dataclass
@@ -69,7 +68,11 @@ def parse_query(lines: Iterable[str]) -> RepoIndex:
 
 
 def query_command(
-    name: str, source_line: str, packages: Sequence[str], at_version: str, base: str = QUERY_DIR
+    name: str,
+    source_line: str,
+    packages: Sequence[str],
+    at_version: str,
+    base: str = layout.APT_QUERY_DIR,
 ) -> str:
     """Shell that asks apt, in a private root, what the repository of ``source_line`` offers
     for ``packages`` (every version) and at ``at_version`` (every package)."""

@@ -18,7 +18,7 @@ differ in small ways that this module absorbs:
   returns what came before ``<tool_call>`` (often ``"\\n\\n"``).
 
 ``parse`` turns either answer, streamed or not, into one ``Answer``; ``tool_call_problems``
-says what an agent would trip over. The host check (tests/host/test_tools_api.py) sends
+says what an agent would trip over. The checks backend.tool-call-whole and -streamed send
 ``tool_request`` to the box and fails with those problems.
 """
 

@@ -13,6 +13,7 @@ from gevent import sleep
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
 
+from gpubox import layout
 from gpubox.facts import (
     AptComponentEnabled,
     BootId,
@@ -75,7 +76,7 @@ def apt_enable_component(component: str):
 
 
 @operation()
-def cuda_symlink(prefix: str, link: str = "/usr/local/cuda"):
+def cuda_symlink(prefix: str, link: str = layout.USR_LOCAL_CUDA):
     """Point /usr/local/cuda at ``prefix`` (through update-alternatives when the toolkit
     registered it, as NVIDIA's packages do)."""
     if host.get_fact(RealPath, path=link) == prefix:

@@ -115,8 +115,8 @@ def run(config: HostConfig) -> Target:
     target."""
     from pyinfra import host, logger
 
+    from gpubox.errors import DeployRefused
     from gpubox.facts import NvidiaPciDevices, OsRelease, SecureBoot, UserId
-    from gpubox.stages import DeployRefused
 
     passed = _passed.setdefault(host.state, {})
     if host.name in passed:
@@ -152,8 +152,8 @@ def repository_problems(config: HostConfig, target: Target) -> None:
     from pyinfra import host, logger
 
     from gpubox import driver_plan, offers
+    from gpubox.errors import DeployRefused
     from gpubox.facts import DockerEngine
-    from gpubox.stages import DeployRefused
 
     sets, indexes = offers.ask(config, target, host.get_fact(DockerEngine))
     for repo, index in indexes.items():

@@ -1,12 +1,12 @@
 """The product's verification suite: `pytest tests/host --inventory INVENTORY`.
 
 Every host of the inventory is checked against its own configuration (the same validated
-config the deploy uses), over SSH with testinfra's paramiko backend. Each test takes the
-`box` fixture, parametrized by host, so a failure names the host in its id."""
+config the deploy uses), over SSH with testinfra's paramiko backend, by the checks of
+gpubox.checks: the same checks doctor renders. One test per host and check, its id
+``HOST:CHECK`` (``sandbox:driver.held``), marked quick, gpu, slow or burn as the check is."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import testinfra
 
-from gpubox import inventory, parsers
-from gpubox.config import HostConfig, Target, load_host_config, target_for
+from gpubox import checks, inventory
+from gpubox.config import HostConfig, load_host_config
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,56 +44,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @dataclass
 class Box:
-    """One host under test: its name, its config and a testinfra connection."""
+    """One host under test: its name, its config, a testinfra connection, and its facts (each
+    command run once, on first use, shared by every check of the host)."""
 
     name: str
     config: HostConfig
     host: Any
-    _cache: dict[str, Any] = field(default_factory=dict)
+    inventory: str
+    facts: checks.Facts = field(init=False)
 
-    def run(self, command: str) -> Any:
-        return self.host.run(command)
+    def __post_init__(self) -> None:
+        self.facts = checks.Facts(self.run, self.config)
 
-    def out(self, command: str) -> str:
+    def run(self, command: str) -> checks.Output:
         result = self.host.run(command)
-        assert result.rc == 0, f"{self.name}: `{command}` failed ({result.rc}): {result.stderr}"
-        return result.stdout
-
-    @functools.cached_property
-    def target(self) -> Target:
-        os_release = parsers.parse_os_release(self.out("cat /etc/os-release"))
-        target = target_for(os_release, self.config.catalog)
-        assert target is not None, f"{self.name}: unsupported OS {os_release.get('PRETTY_NAME')}"
-        return target
-
-    @functools.cached_property
-    def driver_packages(self):
-        return self.config.driver_packages(self.target.family)
-
-    def assert_service_up(self, unit: str) -> None:
-        """The systemd unit is running and enabled."""
-        service = self.host.service(unit)
-        assert service.is_running and service.is_enabled, (
-            f"{self.name}: {unit} running={service.is_running} enabled={service.is_enabled}"
-        )
-
-    def assert_pinned_and_held(self, what: str, packages: list[str], version: str) -> None:
-        """Every package installed at ``version`` and held (apt-mark hold)."""
-        wrong = {
-            name: self.dpkg[name].version if name in self.dpkg else "not installed"
-            for name in packages
-            if name not in self.dpkg or self.dpkg[name].version != version
-        }
-        assert not wrong, f"{self.name}: {what} not at {version}: {wrong}"
-        held = parsers.parse_showhold(self.out("apt-mark showhold"))
-        unheld = sorted(set(packages) - held)
-        assert not unheld, f"{self.name}: {what} not held: {unheld}"
-
-    @functools.cached_property
-    def dpkg(self) -> dict[str, Any]:
-        return parsers.parse_dpkg_query(
-            self.out("dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n'")
-        )
+        return checks.Output(result.rc, result.stdout, result.stderr, command)
 
 
 def _hosts(config: pytest.Config) -> list[tuple[str, dict[str, Any]]]:
@@ -104,9 +69,19 @@ def _hosts(config: pytest.Config) -> list[tuple[str, dict[str, Any]]]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "box" in metafunc.fixturenames:
-        names = [name for name, _ in _hosts(metafunc.config)]
-        metafunc.parametrize("box", names, indirect=True, scope="session", ids=names)
+    """One test per host and check, named ``HOST:CHECK`` and carrying the check's marker."""
+    if {"box", "check"} <= set(metafunc.fixturenames):
+        params = [
+            pytest.param(
+                name,
+                check,
+                id=f"{name}:{check.id}",
+                marks=[getattr(pytest.mark, check.marker)] if check.marker else [],
+            )
+            for name, _ in _hosts(metafunc.config)
+            for check in checks.ALL
+        ]
+        metafunc.parametrize(("box", "check"), params, indirect=["box"], scope="session")
 
 
 @pytest.fixture(scope="session")
@@ -128,5 +103,5 @@ def box(request: pytest.FixtureRequest, _ssh_config: Path) -> Box:
         host = testinfra.get_host(
             f"paramiko://{name}", ssh_config=str(_ssh_config), sudo=inventory.uses_sudo(data)
         )
-        _boxes[name] = Box(name, config, host)
+        _boxes[name] = Box(name, config, host, request.config.getoption("--inventory"))
     return _boxes[name]

@@ -71,14 +71,14 @@ def test_drift_to_580_and_persistence_off_is_detected_then_repaired():
     checks = demo.checks()
     failed = failed_checks(checks)
     for name in (
-        "test_driver_packages_at_the_pinned_version",
-        "test_driver_packages_are_held",
-        "test_no_other_branch_no_other_flavour_no_driver_metas",
-        "test_nvidia_persistenced_is_active",
-        "test_loaded_driver_is_the_installed_one",
+        "driver.version",
+        "driver.held",
+        "driver.one-branch",
+        "driver.persistenced",
+        "driver.loaded",
     ):
         assert name in failed, f"{name} did not fail:\n{checks.output[-4000:]}"
-    assert "580.105.08-1" in failed["test_driver_packages_at_the_pinned_version"]
+    assert "580.105.08-1" in failed["driver.version"]
 
     run = demo.deploy()
     assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
@@ -90,14 +90,14 @@ def test_a_kernel_update_without_the_module_is_caught_then_built_by_the_next_dep
     """A kernel update whose DKMS build did not run (its hooks never ran, say the headers came
     later): the check names the kernel; the next deploy builds the module for it. A kernel whose
     headers' hook runs (what the headers meta package brings) gets the module by itself."""
-    from gpubox.sandbox import kernel
+    from gpubox.sandbox import box as sandbox_box
 
-    with_hooks = kernel.plant_kernel("6.18.99-gpubox-hooked", headers=True)
+    with_hooks = sandbox_box.plant_kernel("6.18.99-gpubox-hooked", headers=True)
     assert all(h["returncode"] == 0 for h in with_hooks["hooks"]), with_hooks["hooks"]
     assert "6.18.99-gpubox-hooked, x86_64: installed" in box_sh("dkms status")
-    kernel.plant_kernel("6.18.98-gpubox-update", headers=True, run_hooks=False)
+    sandbox_box.plant_kernel("6.18.98-gpubox-update", headers=True, run_hooks=False)
     failed = failed_checks(demo.checks(extra=("-m", "quick")))
-    message = failed["test_nvidia_module_is_built_for_every_bootable_kernel"]
+    message = failed["driver.kernels"]
     assert "for kernel(s) 6.18.98-gpubox-update:" in message
     assert "hooked" not in message
     run = demo.deploy()
@@ -114,15 +114,9 @@ def test_a_missing_gpu_is_detected_and_named():
     plant(lambda s: standin_state.set_gpu_present(s, 1, False))
     try:
         failed = failed_checks(demo.checks(extra=("-m", "gpu")))
-        assert (
-            "nvidia-smi lists 1 GPU(s), expected 2 Tesla V100-SXM2-32GB"
-            in failed["test_nvidia_smi_lists_the_gpus"]
-        )
-        assert (
-            "topo -m shows 1 GPU(s), expected 2"
-            in failed["test_topology_joins_every_gpu_pair_by_nvlink"]
-        )
-        assert "GPU 1 reports no NVLink links" in failed["test_nvlink_links_are_active"]
+        assert "nvidia-smi lists 1 GPU(s), expected 2 Tesla V100-SXM2-32GB" in failed["gpu.listed"]
+        assert "topo -m shows 1 GPU(s), expected 2" in failed["nvlink.topology"]
+        assert "GPU 1 reports no NVLink links" in failed["nvlink.links"]
     finally:
         plant(lambda s: standin_state.set_gpu_present(s, 1, True))
 
@@ -131,11 +125,11 @@ def test_an_nvlink_link_down_is_detected_and_named():
     plant(lambda s: standin_state.set_link_active(s, 0, 2, False))
     try:
         failed = failed_checks(demo.checks(extra=("-m", "gpu")))
-        message = failed["test_nvlink_links_are_active"]
+        message = failed["nvlink.links"]
         assert "GPU 0: 1 NVLink link(s) active, expected 2 (active: 0; inactive: 1, 2," in message
         assert "GPU 1: 1 NVLink link(s) active, expected 2 (active: 1; inactive: 0, 2," in message
         # the pair is still joined by its other link (NV1): only the link check fails
-        assert set(failed) == {"test_nvlink_links_are_active"}
+        assert set(failed) == {"nvlink.links"}
     finally:
         plant(lambda s: standin_state.set_link_active(s, 0, 2, True))
     checks = demo.checks(extra=("-m", "gpu"))
@@ -151,8 +145,8 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 def test_runtime_removed_from_daemon_json_is_caught_and_restored_keeping_other_keys():
     box_sh(f'echo \'{{"log-level": "warn"}}\' > {DAEMON_JSON} && systemctl restart docker')
     failed = failed_checks(demo.checks(extra=("-k", "docker or daemon")))
-    assert "has no nvidia runtime" in failed["test_daemon_json_is_valid_and_holds_gpubox_settings"]
-    assert "docker runtimes are" in failed["test_docker_lists_the_nvidia_runtime"]
+    assert "has no nvidia runtime" in failed["docker.daemon-json"]
+    assert "Docker has no nvidia runtime" in failed["docker.runtime"]
     run = demo.deploy()
     assert run.rc == 0 and run.changed >= 1, run.output[-3000:]
     assert json.loads(box_sh(f"cat {DAEMON_JSON}"))["log-level"] == "warn"
@@ -163,8 +157,8 @@ def test_runtime_removed_from_daemon_json_is_caught_and_restored_keeping_other_k
 def test_stopped_dcgm_is_caught_and_restarted():
     box_sh("systemctl stop nvidia-dcgm")
     failed = failed_checks(demo.checks(extra=("-k", "dcgm")))
-    assert "nvidia-dcgm running=False" in failed["test_nvidia_dcgm_is_active"]
-    assert "test_dcgmi_discovers_every_gpu" in failed
+    assert "nvidia-dcgm is inactive" in failed["dcgm.service"]
+    assert "dcgm.discovery" in failed
     run = demo.deploy()
     assert run.rc == 0, run.output[-3000:]
     checks = demo.checks(extra=("-k", "dcgm"))
@@ -200,7 +194,7 @@ def test_burnin_fails_naming_a_faulty_gpu_then_passes(tmp_path):
         record = json.loads(box_sh("cat /var/lib/gpubox/burnin.json"))
         assert record["passed"] is False and record["gpu_burn"]["gpus"]["1"] == "FAULTY"
         check = failed_checks(demo.checks(inventory=str(required), extra=("-k", "burnin")))
-        assert "the last burn-in failed" in check["test_burnin_record_passes_and_is_recent"]
+        assert "the last burn-in failed" in check["burnin.record"]
     finally:
         plant(lambda s: standin_state.set_gpu_burn_faulty(s, 1, False))
     passed = demo.burnin()

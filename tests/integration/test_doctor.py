@@ -11,8 +11,10 @@ import sys
 import pytest
 from conftest import box_sh, plant
 
-from gpubox import demo
+from gpubox import checks, demo, inventory, layout
+from gpubox.config import load_host_config
 from gpubox.sandbox.standin import state as standin_state
+from gpubox.stages import model as model_stage
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
 
@@ -33,6 +35,10 @@ def doctor_json() -> tuple[int, dict]:
 
 def messages(report: dict) -> list[str]:
     return [f"{f['message']} -> {f['fix']}" for f in report["findings"]]
+
+
+def failing_ids(report: dict) -> set[str]:
+    return {f["check"] for f in report["findings"]}
 
 
 def test_a_deployed_box_is_ok():
@@ -84,10 +90,12 @@ def test_a_missing_gpu_is_named():
     try:
         rc, report = doctor_json()
         assert rc == 1
+        [found] = [m for m in messages(report) if "nvidia-smi lists 1 GPU(s)" in m]
         assert (
-            "GPU missing: expected 2 Tesla V100-SXM2-32GB, found 1; lspci shows 1 NVIDIA 3D "
-            "controller(s) -> check the card/power/PCIe; lspci -d 10de:"
-        ) in messages(report)
+            "nvidia-smi lists 1 GPU(s), expected 2 Tesla V100-SXM2-32GB; lspci shows 1 NVIDIA "
+            "3D controller(s)"
+        ) in found and found.endswith("-> check the card/power/PCIe; lspci -d 10de:")
+        assert {"gpu.listed", "nvlink.links", "nvlink.topology"} <= failing_ids(report)
     finally:
         plant(lambda s: standin_state.set_gpu_present(s, 1, True))
 
@@ -97,9 +105,10 @@ def test_a_link_down_is_named():
     try:
         rc, report = doctor_json()
         assert rc == 1
-        found = messages(report)
-        assert any(m.startswith("NVLink link down on GPU 0: 1 active, expected 2") for m in found)
-        assert any(m.startswith("NVLink link down on GPU 1: 1 active, expected 2") for m in found)
+        assert failing_ids(report) == {"nvlink.links"}
+        [found] = messages(report)
+        assert "GPU 0: 1 NVLink link(s) active, expected 2" in found
+        assert "GPU 1: 1 NVLink link(s) active, expected 2" in found
     finally:
         plant(lambda s: standin_state.set_link_active(s, 0, 2, True))
 
@@ -109,10 +118,10 @@ def test_persistence_off_is_named():
     try:
         proc = gpubox("doctor", demo.INVENTORY)
         assert proc.returncode == 1
-        assert "persistence mode off on GPU 0 -> sudo systemctl restart nvidia-persistenced" in (
+        assert "[gpu.persistence] gpubox-sandbox: persistence mode is not Enabled on GPU 0" in (
             proc.stdout
         )
-        assert "persistence mode off on GPU 1" in proc.stdout
+        assert "-> sudo systemctl restart nvidia-persistenced" in proc.stdout
     finally:
         plant(lambda s: standin_state.set_persistence_forced_off(s, False))
     rc, report = doctor_json()
@@ -135,3 +144,100 @@ def test_nvlink_labels_the_traffic():
         assert "all    49.5 GB/s  49.5 GB/s  99.0 GB/s" in last
     finally:
         plant(lambda s: [standin_state.set_gpu_nvlink_traffic(s, i, 0, 0) for i in (0, 1)])
+
+
+# Agreement (issue 10): doctor and the host checks judge with the same checks, so for each fault
+# planted on the converged box both name the same failing checks, and on the converged box both
+# are green. The host checks run the quick ones; doctor's failures must all be among those.
+
+
+def _config():
+    ((name, data),) = inventory.load(str(demo.ROOT / demo.INVENTORY))
+    return load_host_config(name, data)
+
+
+def _faults() -> list[tuple[str, str, str, set[str]]]:
+    """(name, plant, restore, checks that must fail): shell commands run in the box."""
+    config = _config()
+    held = config.driver_packages("debian").installed[0]
+    prefix = config.cuda["prefix"]
+    model = model_stage.plan(config).path
+    unit = layout.LLAMA_SERVER
+    health = f"http://127.0.0.1:{config.api_port}/health"
+    drop_runtime = (
+        "import json; p = '/etc/docker/daemon.json'; d = json.load(open(p)); "
+        "d.pop('runtimes', None); json.dump(d, open(p, 'w'))"
+    )
+    return [
+        ("converged", "true", "true", set()),
+        ("package-unheld", f"apt-mark unhold {held}", f"apt-mark hold {held}", {"driver.held"}),
+        (
+            "pin-removed",
+            f"mv {layout.DRIVER_PIN} /root/gpubox-pin.bak",
+            f"mv /root/gpubox-pin.bak {layout.DRIVER_PIN}",
+            {"driver.pins"},
+        ),
+        (
+            "service-stopped",
+            f"systemctl stop {unit}",
+            f"systemctl start {unit}; for i in $(seq 120); do "
+            f"curl -sf -o /dev/null {health} && break; sleep 1; done",
+            {"backend.service", "backend.health"},
+        ),
+        (
+            "cuda-repointed",
+            f"ln -sfn /usr/lib {layout.USR_LOCAL_CUDA}",
+            f"ln -sfn {prefix} {layout.USR_LOCAL_CUDA}",
+            {"cuda.link"},
+        ),
+        (
+            "runtime-removed",
+            f'cp -p {layout.DAEMON_JSON} /root/daemon.json.bak && python3 -c "{drop_runtime}"',
+            f"mv /root/daemon.json.bak {layout.DAEMON_JSON}",
+            {"docker.daemon-json"},
+        ),
+        (
+            "model-truncated",
+            # a truncated copy in its place (the server keeps the whole file it has open)
+            f"mv {model} {model}.whole && head -c 4096 {model}.whole > {model}",
+            f"mv {model}.whole {model}",
+            {"model.verified"},
+        ),
+        ("converged-again", "true", "true", set()),
+    ]
+
+
+FAULT_NAMES = [
+    "converged",
+    "package-unheld",
+    "pin-removed",
+    "service-stopped",
+    "cuda-repointed",
+    "runtime-removed",
+    "model-truncated",
+    "converged-again",
+]
+
+
+@pytest.mark.parametrize("fault", FAULT_NAMES)
+def test_doctor_and_the_host_checks_name_the_same_failing_checks(fault):
+    if fault == "converged":
+        run = demo.deploy()
+        assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    name, plant_it, restore, expected = next(f for f in _faults() if f[0] == fault)
+    box_sh(plant_it)
+    try:
+        _, report = doctor_json()
+        doctor_failed, doctor_judged = failing_ids(report), set(report["checks"])
+        host = demo.checks(extra=("-m", "quick"))
+        host_failed = set(host.failures)
+    finally:
+        box_sh(restore)
+    quick = {c.id for c in checks.select(["quick"])}
+    print(f"{name}: doctor {sorted(doctor_failed)}; host checks {sorted(host_failed)}")
+    assert expected <= doctor_failed, messages(report)
+    assert expected <= host_failed, host.output[-3000:]
+    assert doctor_failed <= quick, doctor_failed - quick
+    assert host_failed & doctor_judged == doctor_failed, (host_failed, doctor_failed)
+    if not expected:
+        assert not doctor_failed and not host_failed and host.passed > 0

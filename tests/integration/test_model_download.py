@@ -38,7 +38,7 @@ def set_control(info: dict, **controls: object) -> None:
 
 
 # The host checks that show the model verified and served (checksum, health, a chat answer).
-SERVED = ("checksum", "health", "service_is_active", "models_lists", "chat_completion")
+SERVED = ("model.", "backend.health", "backend.service", "backend.models", "backend.chat")
 
 
 def served_checks() -> demo.CheckRun:

@@ -52,82 +52,77 @@ def test_deleted_nvcc_and_cuda_runtime_are_reinstalled():
     runtime = box_sh(f"readlink -f {prefix}/lib64/libcudart.so.12").strip()
     assert runtime.startswith(prefix + "/targets/"), runtime
     box_sh(f"rm {prefix}/bin/nvcc {runtime} && ldconfig")
-    failed = failing("nvcc", "linker_cache")
-    assert (
-        "no nvcc on a login shell's PATH"
-        in failed["test_nvcc_in_a_login_shell_is_the_configured_release"]
-    )
-    assert "has no libcudart" in failed["test_cuda_runtime_is_in_the_linker_cache"]
+    failed = failing("cuda.nvcc", "cuda.ldconfig")
+    assert "no nvcc on a login shell's PATH" in failed["cuda.nvcc"]
+    assert "has no libcudart" in failed["cuda.ldconfig"]
 
     run = redeploy()
     assert [n for n in run.changed_names if "Reinstall CUDA 12.8 packages missing a file" in n]
     assert [n for n in run.changed_names if n.endswith("ldconfig")], run.changed_names
-    assert failing("nvcc", "linker_cache") == {}
+    assert failing("cuda.nvcc", "cuda.ldconfig") == {}
 
 
 def test_a_deleted_nvidia_smi_is_reinstalled():
     real = box_sh("readlink -f /usr/bin/nvidia-smi").strip()
     owner = box_sh(f"dpkg -S {real}").split(":")[0]
     box_sh(f"rm {real}")
-    failed = failing("nvidia_smi_lists")
-    assert "nvidia-smi fails" in failed["test_nvidia_smi_lists_the_gpus"]
+    failed = failing("gpu.listed")
+    assert "nvidia-smi not found" in failed["gpu.listed"]
 
     run = redeploy()
     assert [n for n in run.changed_names if "Reinstall driver packages missing a file" in n]
     assert box_sh(f"dpkg -S {real}").split(":")[0] == owner
-    assert failing("nvidia_smi_lists", "persistence") == {}
+    assert failing("gpu.listed", "persistence") == {}
 
 
 def test_persistence_switched_off_by_hand_is_switched_back_on():
     box_sh("nvidia-smi -pm 0")
-    failed = failing("persistence_mode")
-    assert (
-        "persistence mode is not Enabled" in failed["test_persistence_mode_is_enabled_on_every_gpu"]
-    )
+    failed = failing("gpu.persistence")
+    assert "persistence mode is not Enabled" in failed["gpu.persistence"]
 
     run = redeploy()
     assert [n for n in run.changed_names if "persistence mode back on" in n], run.changed_names
-    assert failing("persistence_mode") == {}
+    assert failing("gpu.persistence") == {}
 
 
 def test_a_truncated_model_is_downloaded_again_and_served():
     p = model_stage.plan(config())
     size = int(box_sh(f"stat -c %s {p.path}"))
     box_sh(f"truncate -s {size // 2} {p.path}")
-    failed = failing("checksum")
-    assert f"{p.file} has sha256" in failed["test_the_model_file_matches_its_checksum"]
+    failed = failing("model.")
+    assert f"{p.file} has sha256" in failed["model.checksum"]
 
     run = redeploy()
     assert [n for n in run.changed_names if f"Download and verify {p.file}" in n]
     assert int(box_sh(f"stat -c %s {p.path}")) == size
-    assert failing("checksum", "backend") == {}
+    assert failing("model.", "backend.") == {}
 
 
 def test_a_deleted_llama_server_is_rebuilt_and_started():
     b = backend_stage.llama_build(config())
     # lost while running: the next start (a reboot, a crash) finds nothing to run
     box_sh(f"rm {b.binary} && systemctl restart {LLAMA} || true")
-    failed = failing("test_the_service_is_active", "health")
-    assert "test_the_service_is_active_and_enabled" in failed
-    assert "test_health_is_200" in failed
+    failed = failing("backend.service", "backend.health")
+    assert "backend.service" in failed
+    assert "backend.health" in failed
     assert box_sh(f"cat {b.directory}/{backend_stage.BUILD_INFO}").strip() == b.info
 
     run = redeploy()
     assert [n for n in run.changed_names if f"Build llama-server {b.tag}" in n]
     assert [n for n in run.changed_names if "(Re)start llama-server" in n]
-    assert failing("backend") == {}
+    assert failing("backend.") == {}
 
 
 def test_a_deleted_gpu_burn_is_rebuilt():
     build = tools_stage.gpu_burn_build(config())
     box_sh(f"rm {build.directory}/gpu_burn")
-    failed = failing("gpu_burn_lists")
-    assert "test_gpu_burn_lists_every_gpu" in failed
+    failed = failing("tools.gpu-burn")
+    assert "tools.gpu-burn" in failed
     assert box_sh(f"cat {build.directory}/{tools_stage.STAMP}").strip() == build.stamp
 
     run = redeploy()
     assert [n for n in run.changed_names if "Build gpu-burn" in n]
-    assert failing("gpu_burn_lists") == {}
+    assert failing("tools.gpu-burn") == {}
 
 
 def test_after_the_repairs_a_deploy_changes_nothing_and_every_check_passes():

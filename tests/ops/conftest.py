@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from pyinfra.api import Config, Inventory, State
+from helpers import REFERENCE as REFERENCE  # the plan tests import it from here
+from pyinfra.api import Config, Host, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
@@ -28,15 +31,6 @@ V100_LSPCI = [
     "0000:06:00.0 3D controller [0302]: NVIDIA Corporation GV100GL [Tesla V100 SXM2 32GB]"
     " [10de:1db5] (rev a1)",
 ]
-
-REFERENCE = {
-    "gpu_model": "Tesla V100-SXM2-32GB",
-    "gpu_count": 2,
-    "nvlink": True,
-    "driver_branch": "570",
-    "cuda_version": "12.8",
-}
-
 
 OS_FAMILY = {"ubuntu2404": ("ubuntu", "24.04", "noble"), "debian12": ("debian", "12", "bookworm")}
 
@@ -98,6 +92,12 @@ def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
 
 
 @dataclass
+class FakeHost:
+    state: State
+    host: Host
+
+
+@dataclass
 class Plan:
     ops: list[tuple[str, list[str]]]
     conditional: set[str]  # names of the operations that run only `_if` a condition holds
@@ -128,7 +128,10 @@ class Plan:
         return out
 
 
-def make_plan(stage, data: dict[str, object], answers: dict[object, object]) -> Plan:
+@contextmanager
+def fake_host(data: dict[str, object], answers: dict[object, object]) -> Iterator[FakeHost]:
+    """pyinfra's state for one @fake host ("box") with host data ``data``, whose facts are
+    ``answers``: connected, and its contexts entered for the block."""
     inventory = Inventory(
         (
             [
@@ -144,18 +147,22 @@ def make_plan(stage, data: dict[str, object], answers: dict[object, object]) -> 
     connect_all(state)
     (host,) = list(inventory)
     with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
-        stage()
+        yield FakeHost(state, host)
+
+
+def make_plan(stage, data: dict[str, object], answers: dict[object, object]) -> Plan:
     ops: list[tuple[str, list[str]]] = []
     conditional: set[str] = set()
-    for op_hash in state.get_op_order():
-        meta = state.op_meta[op_hash]
-        with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
-            data_for_host = state.get_op_data_for_host(host, op_hash)
+    with fake_host(data, answers) as fake:
+        stage()
+        for op_hash in fake.state.get_op_order():
+            meta = fake.state.op_meta[op_hash]
+            data_for_host = fake.state.get_op_data_for_host(fake.host, op_hash)
             commands = [str(c) for c in data_for_host.command_generator()]
-        name = ", ".join(sorted(meta.names))
-        ops.append((name, commands))
-        if data_for_host.global_arguments.get("_if"):
-            conditional.add(name)
+            name = ", ".join(sorted(meta.names))
+            ops.append((name, commands))
+            if data_for_host.global_arguments.get("_if"):
+                conditional.add(name)
     return Plan(ops, conditional)
 
 

@@ -3,10 +3,7 @@ every 10 s, printed live), its pinned install command kept whole inside it."""
 
 from __future__ import annotations
 
-from conftest import REFERENCE, fresh_box
-from pyinfra.api import Config, Inventory, State
-from pyinfra.api.connect import connect_all
-from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+from conftest import REFERENCE, fake_host, fresh_box
 
 from gpubox import progress
 from gpubox.stages import cuda as cuda_stage
@@ -14,26 +11,13 @@ from gpubox.stages import cuda as cuda_stage
 
 def commands_of(stage, data, answers) -> dict[str, list[object]]:
     """Operation name -> its command objects (conftest's plans keep only their text)."""
-    inventory = Inventory(
-        (
-            [
-                (
-                    "@fake/box",
-                    {**data, "fake_responses": answers, "fake_delay": 0, "fake_delay_jitter": 0},
-                )
-            ],
-            {},
-        )
-    )
-    state = State(inventory, Config())
-    connect_all(state)
-    (host,) = list(inventory)
     out: dict[str, list[object]] = {}
-    with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
+    with fake_host(data, answers) as fake:
         stage()
-        for op_hash in state.get_op_order():
-            name = ", ".join(sorted(state.op_meta[op_hash].names))
-            out[name] = list(state.get_op_data_for_host(host, op_hash).command_generator())
+        for op_hash in fake.state.get_op_order():
+            name = ", ".join(sorted(fake.state.op_meta[op_hash].names))
+            data_for_host = fake.state.get_op_data_for_host(fake.host, op_hash)
+            out[name] = list(data_for_host.command_generator())
     return out
 
 

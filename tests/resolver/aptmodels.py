@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aptsim import Action, AptRoot, Repo, Result, Stanza, read_stanzas, write_stanzas
+from helpers import REFERENCE
 
 from gpubox import driver_plan
 from gpubox.config import HostConfig, Target, load_host_config, target_for
@@ -315,13 +316,6 @@ def nvidia_debian12(drop: Iterable[tuple[str, str]] = ()) -> Repo:
 OS_RELEASE = {
     "ubuntu": {"ID": "ubuntu", "VERSION_ID": "24.04"},
     "debian": {"ID": "debian", "VERSION_ID": "12"},
-}
-REFERENCE = {
-    "gpu_model": "Tesla V100-SXM2-32GB",
-    "gpu_count": 2,
-    "nvlink": True,
-    "driver_branch": "570",
-    "cuda_version": "12.8",
 }
 
 

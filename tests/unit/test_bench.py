@@ -269,28 +269,25 @@ def test_tpot_excludes_the_first_token() -> None:
     assert bench.tpot(bench.RequestResult(ok=True, ttft=0.2, latency=0.2, output_tokens=1)) is None
 
 
+def completed(ttft: float, gap: float, first: float, **kw: Any) -> bench.RequestResult:
+    """A request started at 100.0 that streamed 11 tokens of a 5-token prompt: the first at
+    ``first`` (100.0 + ttft), then one every ``gap`` seconds."""
+    return bench.RequestResult(
+        ok=True,
+        start=100.0,
+        ttft=ttft,
+        latency=ttft + 10 * gap,
+        itl=[gap] * 10,
+        output_tokens=11,
+        prompt_tokens=5,
+        token_times=[first + gap * i for i in range(11)],
+        **kw,
+    )
+
+
 def test_level_metrics_on_fixed_data() -> None:
-    ok1 = bench.RequestResult(
-        ok=True,
-        start=100.0,
-        ttft=0.1,
-        latency=1.1,
-        itl=[0.1] * 10,
-        output_tokens=11,
-        prompt_tokens=5,
-        token_times=[100.1 + 0.1 * i for i in range(11)],
-        server_decode_tps=9.0,
-    )
-    ok2 = bench.RequestResult(
-        ok=True,
-        start=100.0,
-        ttft=0.3,
-        latency=2.3,
-        itl=[0.2] * 10,
-        output_tokens=11,
-        prompt_tokens=5,
-        token_times=[100.3 + 0.2 * i for i in range(11)],
-    )
+    ok1 = completed(0.1, 0.1, 100.1, server_decode_tps=9.0)
+    ok2 = completed(0.3, 0.2, 100.3)
     failed = bench.RequestResult(ok=False, start=100.0, ttft=0.01, error="stream ended")
     m = bench.level_metrics([ok1, ok2, failed], duration=2.0, concurrency=3)
     assert (m["completed"], m["failed"], m["max_concurrency"]) == (2, 1, 3)

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers import REFERENCE
 
 from gpubox import catalog, compat
 from gpubox.config import KEYS, ConfigError, load_host_config, validate
-
-REFERENCE = {
-    "gpu_model": "Tesla V100-SXM2-32GB",
-    "gpu_count": 2,
-    "nvlink": True,
-    "driver_branch": "570",
-    "cuda_version": "12.8",
-}
 
 
 def messages(data):

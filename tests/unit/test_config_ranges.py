@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers import REFERENCE
 
 from gpubox.config import KEYS, KEYS_BY_NAME, validate
 
-REFERENCE = {
-    "gpu_model": "Tesla V100-SXM2-32GB",
-    "gpu_count": 2,
-    "nvlink": True,
-    "driver_branch": "570",
-    "cuda_version": "12.8",
-}
 MODEL = "qwen3-next-80b-a3b-thinking"
 NUMBER_KEYS = [key for key in KEYS if key.type in (int, float)]
 

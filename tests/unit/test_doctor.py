@@ -1,8 +1,9 @@
-"""gpubox doctor: gather, evaluate and render on facts from real outputs: the sandbox's
-stand-in nvidia-smi, lspci and dcgmi (held byte for byte to real captures by
-test_standin.py) under the planted faults, and captured os-release and nvcc outputs. The
-driver's dpkg/apt-mark/apt-cache outputs of a converged box are written in the real formats
-(the captured ones in tests/fixtures/apt hold no NVIDIA package)."""
+"""gpubox doctor: gather, evaluate (gpubox.checks, the passive ones) and render on facts from
+real outputs: the sandbox's stand-in nvidia-smi, lspci and dcgmi (held byte for byte to real
+captures by test_standin.py) under the planted faults, captured os-release and nvcc outputs,
+and every other command's output of a converged box written in that command's real format
+(the files gpubox writes are rendered from its own templates; the captured outputs in
+tests/fixtures/apt hold no NVIDIA package). test_checks.py judges these outputs too."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from gpubox import bench, doctor
-from gpubox.config import load_host_config
+from gpubox import bench, checks, doctor, driver_plan, layout, parsers
+from gpubox.checks.core import FACTS, Output, Unreachable
+from gpubox.checks.facts import SECTION, SERVICES, parse_systemctl_show
+from gpubox.config import HostConfig, load_host_config, target_for
 from gpubox.sandbox import standin
 from gpubox.sandbox.standin import state as st
 
@@ -27,65 +30,283 @@ PIN = "570.211.01"
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 CONFIG = load_host_config("box", {"nvlink_links": 2, "llamacpp_cuda": False})
 DRIVER = CONFIG.driver_packages("debian")
+INVENTORY = "inventories/box.py"
+# What NVIDIA's Debian 12 repository builds at the pinned version, beside the roots (the
+# driver stage pins every one of them).
+OFFERED = [
+    "firmware-nvidia-gsp",
+    "libcuda1",
+    "libnvidia-ml1",
+    "nvidia-kernel-support",
+    "nvidia-persistenced",
+    "nvidia-smi",
+]
+MODEL_STAT = "size=48876255232 mtime=1772100000"
+API_KEY_SIZE = 43  # 32 random bytes in base64, without its /, + and =
 
 
 def fixture(name: str) -> str:
     return (FIXTURES / name).read_text(encoding="utf-8")
 
 
-def _systemctl_show(states: dict[str, str]) -> str:
+OS_RELEASE = fixture("os/os-release_debian12_local.txt")
+TARGET = target_for(parsers.parse_os_release(OS_RELEASE), CONFIG.catalog)
+assert TARGET is not None and TARGET.family == "debian"
+
+
+def section(name: str, text: str) -> str:
+    """One section of a multi-command fact (what `echo '@@gpubox NAME'` prints, then its text)."""
+    return f"{SECTION}{name}\n{text}"
+
+
+def systemctl_show(states: dict[str, str]) -> str:
+    """`systemctl show -p Id,LoadState,ActiveState,UnitFileState UNIT...` for gpubox's units:
+    each unit's state ("missing": not installed; absent: inactive)."""
     blocks = []
-    for unit in doctor.SERVICES:
+    for unit in SERVICES:
         active = states.get(unit, "inactive")
-        load = "not-found" if active == "missing" else "loaded"
+        missing = active == "missing"
         blocks.append(
-            f"Id={unit}.service\nLoadState={load}\n"
-            f"ActiveState={'inactive' if active == 'missing' else active}\n"
-            f"UnitFileState={'' if active == 'missing' else 'enabled'}\n"
+            f"Id={unit}.service\nLoadState={'not-found' if missing else 'loaded'}\n"
+            f"ActiveState={'inactive' if missing else active}\n"
+            f"UnitFileState={'' if missing else 'enabled'}\n"
         )
     return "\n".join(blocks)
 
 
-def converged_outputs() -> dict[str, str]:
-    """What the non-GPU commands print on a converged Debian 12 box."""
-    version = DRIVER.package_version
+def driver_plan_for(config: HostConfig) -> driver_plan.DriverPlan:
+    want = config.driver_packages("debian")
+    offered = {name: [want.package_version] for name in [*want.installed, *OFFERED]}
+    assert TARGET is not None
+    return driver_plan.plan(config, TARGET, offered)
+
+
+def pin_files(config: HostConfig) -> dict[str, str]:
+    """The apt pins the driver, container toolkit and DCGM stages write."""
+    from gpubox.stages import render
+
+    toolkit, dcgm = config.catalog["container_toolkit"], config.catalog["dcgm"]
+    return {
+        layout.DRIVER_PIN: driver_plan_for(config).pin,
+        layout.TOOLKIT_PIN: render(
+            "apt-pin-exact.j2",
+            what="the NVIDIA Container Toolkit",
+            version=toolkit["version"],
+            packages=toolkit["packages"],
+        ),
+        layout.DCGM_PIN: render(
+            "apt-pin-exact.j2", what="DCGM", version=dcgm["version"], packages=dcgm["packages"]
+        ),
+    }
+
+
+def pins_output(files: dict[str, str]) -> str:
+    """The pins fact: each pin file's section (its text), or its "missing" section."""
+    return "".join(
+        section(path, files[path]) if path in files else section(f"{path} missing", "")
+        for path in (layout.DRIVER_PIN, layout.TOOLKIT_PIN, layout.DCGM_PIN)
+    )
+
+
+def apt_config_dump(config: HostConfig) -> str:
+    """`apt-config dump Unattended-Upgrade::Package-Blacklist` with gpubox's blacklist file
+    (rendered by the driver stage) read: the list node, then one line per entry."""
+    file = driver_plan_for(config).unattended
+    entries = [line.strip()[1:-2] for line in file.splitlines() if line.strip().startswith('"')]
+    assert entries, file
+    return 'Unattended-Upgrade::Package-Blacklist "";\n' + "".join(
+        f'Unattended-Upgrade::Package-Blacklist:: "{entry}";\n' for entry in entries
+    )
+
+
+def dpkg_lines(packages: list[str], version: str, status: str = "hi ") -> str:
+    return "".join(f"{name}\t{version}\t{status}\n" for name in packages)
+
+
+def http(status: int, body: Any) -> str:
+    """The API facts' output: the HTTP status, a newline, the body."""
+    return f"{status}\n" + (body if isinstance(body, str) else json.dumps(body))
+
+
+def chat_stream(*pieces: tuple[str, str]) -> str:
+    """llama-server's streamed chat completion: one event per (field, text) delta, then a
+    finish event and [DONE]."""
+    chunk = {"created": 1796105310, "id": "chatcmpl-TprhF", "model": "qwen3-next"}
+    chunk["object"] = "chat.completion.chunk"
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"finish_reason": finish, "index": 0, "delta": delta}
+        return "data: " + json.dumps({"choices": [choice], **chunk}, separators=(",", ":"))
+
+    events = [event({"role": "assistant", "content": None})]
+    events += [event({field: text}) for field, text in pieces]
+    events += [event({}, "stop"), "data: [DONE]", ""]
+    return "\n\n".join(events)
+
+
+def api_outputs(config: HostConfig) -> dict[str, str]:
+    """What the OpenAI-compatible API answers on the box (the curl facts' output)."""
+    alias = config.model_alias
+    models = {
+        "models": [
+            {"name": alias, "model": alias, "type": "model", "capabilities": ["completion"]}
+        ],
+        "object": "list",
+        "data": [{"id": alias, "object": "model", "created": 1796105310, "owned_by": "llamacpp"}],
+    }
+    props = {
+        "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": config.model_ctx},
+        "total_slots": config.model_parallel,
+        "model_path": f"{config.model_dir}/model.gguf",
+        "build_info": "b11312-0c1e5709",
+    }
+    metrics = "".join(
+        f"# HELP llamacpp:{name} {text}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} 0\n"
+        for name, kind, text in (
+            ("prompt_tokens_total", "counter", "Number of prompt tokens processed."),
+            ("tokens_predicted_total", "counter", "Number of generation tokens processed."),
+            ("requests_processing", "gauge", "Number of requests processing."),
+        )
+    )
+    unauthorized = {
+        "error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
+    }
+    return {
+        "health": "200",
+        "api_unauthorized": http(401, unauthorized),
+        "api_models": http(200, models),
+        "api_chat": http(
+            200,
+            chat_stream(("reasoning_content", "The user says hello."), ("content", "Hello!")),
+        ),
+        "api_props": http(200, props),
+        "api_metrics": http(200, metrics),
+    }
+
+
+def vllm_outputs(config: HostConfig) -> dict[str, str]:
+    """`docker inspect gpubox-vllm` and the compile caches of a converged vLLM box."""
+    from gpubox.stages import vllm as stage
+
+    inspect = {
+        "Id": "5d3c0b6a8f0e",
+        "Path": "vllm",
+        "Args": ["serve", *stage.vllm_args(config)],
+        "State": {"Status": "running", "Running": True},
+        "Config": {
+            "Image": config.catalog["vllm"]["image"],
+            "Env": [
+                f"{key}={value}"
+                for key, value in {"PATH": "/usr/local/bin:/usr/bin", **stage.CACHE_ENV}.items()
+            ],
+        },
+        "Mounts": [
+            {
+                "Type": "bind",
+                "Source": f"{stage.CACHE_DIR}/{name}",
+                "Destination": path,
+                "Mode": "",
+                "RW": True,
+                "Propagation": "rprivate",
+            }
+            for name, path in stage.CACHES.items()
+        ],
+    }
+    cache = layout.VLLM_CACHE_DIR
+    return {
+        "vllm_inspect": json.dumps([inspect], indent=4) + "\n",
+        "vllm_cache_files": section("triton", f"{cache}/triton/cache/3f2a/matmul_kernel.json\n")
+        + section("vllm", f"{cache}/vllm/torch_compile_cache/9c1e/rank_0_0/model\n"),
+    }
+
+
+def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
+    """What every passive command but nvidia-smi, lspci and dcgmi prints on a converged
+    Debian 12 box with ``config``, by fact name."""
+    from gpubox.stages import container_toolkit, model
+    from gpubox.stages.llamacpp_build import llama_build
+
+    want = config.driver_packages("debian")
+    version = want.package_version
+    toolkit, dcgm = config.catalog["container_toolkit"], config.catalog["dcgm"]
     policy = "".join(
         f"{name}:\n  Installed: {version}\n  Candidate: {version}\n  Version table:\n"
         f" *** {version} 1001\n        500 http://127.0.0.1:8000/debian12/x86_64  Packages\n"
         f"        100 /var/lib/dpkg/status\n"
-        for name in DRIVER.installed
+        for name in want.installed
     )
-    return {
-        "os_release": fixture("os/os-release_debian12_local.txt"),
+    prefix = config.cuda["prefix"]
+    build = llama_build(config)
+    plan = model.plan(config)
+    outputs = {
+        "os_release": OS_RELEASE,
         "kernel": "6.1.0-28-amd64\n",
-        "module_version": PIN + "\n",
+        "module_version": config.driver_version + "\n",
+        "nouveau": "absent\n",
         "kernels": "R 6.1.0-28-amd64\nK 6.1.0-28-amd64\nH 6.1.0-28-amd64\nDKMS\n"
-        f"D nvidia-current/{PIN}, 6.1.0-28-amd64, x86_64: installed\n",
+        f"D nvidia-current/{config.driver_version}, 6.1.0-28-amd64, x86_64: installed\n",
         "dpkg": fixture("apt/dpkg-query_debian12_local.txt")
-        + "".join(f"{name}\t{version}\thi \n" for name in DRIVER.installed),
-        "holds": "\n".join(DRIVER.installed) + "\n",
+        + dpkg_lines(want.installed, version)
+        + dpkg_lines(OFFERED, version, "ii ")
+        + dpkg_lines(toolkit["packages"], toolkit["version"])
+        + dpkg_lines(dcgm["packages"], dcgm["version"])
+        + dpkg_lines([config.cuda["package"]], config.cuda["package_version"], "ii "),
+        "holds": "".join(
+            f"{name}\n" for name in [*want.installed, *toolkit["packages"], *dcgm["packages"]]
+        ),
         "policy": policy,
-        "nvcc": "/usr/local/cuda-12.8/bin/nvcc\n"
-        + fixture("nvcc/nvcc-version_12.8.93_1cat-issue237.txt"),
-        "cuda_link": "/usr/local/cuda-12.8\n",
-        "services": _systemctl_show(
+        "pins": pins_output(pin_files(config)),
+        "unattended": apt_config_dump(config),
+        "services": systemctl_show(
             {
-                "nvidia-persistenced": "active",
-                "docker": "active",
-                "nvidia-dcgm": "active",
-                "gpubox-llama-server": "active",
-                "gpubox-vllm": "missing",
+                layout.PERSISTENCED: "active",
+                layout.DOCKER: "active",
+                layout.DCGM: "active",
+                layout.LLAMA_SERVER: "active" if config.backend == "llamacpp" else "missing",
+                layout.VLLM: "active" if config.backend == "vllm" else "missing",
             }
         ),
+        "nvcc": f"{prefix}/bin/nvcc\n" + fixture("nvcc/nvcc-version_12.8.93_1cat-issue237.txt"),
+        "cuda_link": prefix + "\n",
+        "ldconfig_cudart": f"{prefix}/targets/x86_64-linux/lib/libcudart.so.12.8.90\n" * 2,
+        "cuda13_dirs": "",
         "docker_info": json.dumps(
             {
-                "ServerVersion": "20.10.24+dfsg1",
-                "DefaultRuntime": "runc",
+                "ServerVersion": "28.5.1",
+                "DefaultRuntime": "nvidia" if config.docker_default_runtime_nvidia else "runc",
                 "Runtimes": {"io.containerd.runc.v2": {}, "nvidia": {}, "runc": {}},
             }
         )
         + "\n",
-        "health": "200",
+        "docker_version": "28.5.1\n",
+        "daemon_json": json.dumps(
+            {
+                **container_toolkit.NVIDIA_RUNTIME,
+                **container_toolkit.runtime_settings(config)[0],
+                **config.docker_daemon_options,
+            },
+            indent=4,
+        )
+        + "\n",
+        "cdi_list": 'time="2026-02-27T10:00:00Z" level=info msg="Found 5 CDI devices"\n'
+        "nvidia.com/gpu=0\nnvidia.com/gpu=1\n"
+        "nvidia.com/gpu=GPU-60f2c95a-c564-a078-2a14-b4ff488806ca\n"
+        "nvidia.com/gpu=GPU-dae76d0e-3414-958a-8f3e-fc6682b36f31\nnvidia.com/gpu=all\n",
+        "listening": "LISTEN 0      4096       127.0.0.1:5555       0.0.0.0:*    "
+        'users:(("nv-hostengine",pid=1187,fd=8))\n'
+        "LISTEN 0      128          0.0.0.0:22         0.0.0.0:*    "
+        'users:(("sshd",pid=612,fd=3))\n'
+        f"LISTEN 0      512        127.0.0.1:{config.api_port}       0.0.0.0:*    "
+        'users:(("llama-server",pid=2345,fd=3))\n'
+        "LISTEN 0      128             [::]:22            [::]:*    "
+        'users:(("sshd",pid=612,fd=4))\n',
+        "exporter_metrics": "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-dae76d0e"} 0\n'
+        "# HELP DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL Total NVLink bandwidth.\n"
+        "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter\n"
+        'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{gpu="0",UUID="GPU-dae76d0e"} 0\n',
+        "nvtop": "nvtop version 3.0.1\n",
         "burnin": json.dumps(
             {
                 "date": "2026-02-27T10:00:00+00:00",
@@ -97,15 +318,43 @@ def converged_outputs() -> dict[str, str]:
                 "problems": [],
             }
         ),
+        "key_file": f"root 600 {API_KEY_SIZE}\n",
+        "key_in_ps": "",
+        "llama_build": f"version: 0.5.0-dev (build {build.build_number}, commit "
+        f"{build.short_commit})\nbuilt with GNU 12.2.0 for Linux x86_64\n"
+        + section("bench present", ""),
+        "model_state": f"marker={plan.stamp} {MODEL_STAT}\nfile={MODEL_STAT}\n",
+        **api_outputs(config),
+        **vllm_outputs(config),
     }
+    missing = {n for n, f in FACTS.items() if not f.active} - set(outputs) - STANDIN_FACTS
+    assert not missing, f"no converged output for {missing}"
+    return outputs
+
+
+# The passive facts the sandbox's stand-ins answer.
+STANDIN_FACTS = {"smi_query", "smi_apps", "nvlink", "topo", "lspci", "dcgm_discovery"}
+STANDINS = ("nvidia-smi", "dcgmi", "lspci")
+
+
+def fact_names(config: HostConfig) -> dict[str, str]:
+    """Each command the facts run for ``config`` on the box, to its fact name."""
+    names: dict[str, str] = {}
+    for name, fact in FACTS.items():
+        command = fact.command_for(config, TARGET)
+        if command is not None:
+            assert command not in names, f"{name} and {names[command]} run the same command"
+            names[command] = name
+    return names
 
 
 class StandinHost:
     """A host runner: nvidia-smi, lspci and dcgmi are the sandbox's stand-ins on a temporary
-    state; every other command prints what ``outputs`` holds for its fact name, and an
-    unknown command is "not found" (127), as the shell says."""
+    state; every other command prints what ``outputs`` holds for its fact name (a string: its
+    standard output, exit status 0; an Output: all of it). A `cat` of a file with no output
+    fails as cat does; any other unknown command is "not found" (127), as the shell says."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, config: HostConfig = CONFIG) -> None:
         self.root = root
         self.state = st.default_state()
         self.run_dir = root / "run"
@@ -122,35 +371,43 @@ class StandinHost:
             ("lspci", standin.LSPCI.read_text()),
         ):
             (self.bin / name).write_text(text)
-        self.outputs = converged_outputs()
-        self.names = {cmd: name for name, cmd in doctor.commands(CONFIG, "debian").items()}
+        self.outputs: dict[str, str | Output] = dict(converged_outputs(config))
+        self.names = fact_names(config)
         self.ran: list[str] = []
 
-    def __call__(self, command: str) -> doctor.Output:
-        self.ran.append(command)
+    def standin(self, command: str) -> Output:
+        """Run one of the stand-ins on this host's state."""
         st.save_state(self.state, self.root / "state.json")
         argv = shlex.split(command)
-        if argv[0] in ("nvidia-smi", "dcgmi", "lspci"):
-            env = {
-                **os.environ,
-                st.STATE_ENV: str(self.root / "state.json"),
-                st.RUN_ENV: str(self.run_dir),
-                st.PROFILING_MODULE_ENV: str(self.root / "profiling.so"),
-            }
-            result = subprocess.run(
-                [sys.executable, str(self.bin / argv[0]), *argv[1:]],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            return doctor.Output(result.returncode, result.stdout, result.stderr)
-        name = self.names.get(command)
-        if name in self.outputs:
-            return doctor.Output(0, self.outputs[name])
-        if name == "burnin":
-            return doctor.Output(1, "", f"cat: {doctor.BURNIN_RECORD}: No such file or directory")
-        return doctor.Output(127, "", f"sh: 1: {argv[0]}: not found")
+        env = {
+            **os.environ,
+            st.STATE_ENV: str(self.root / "state.json"),
+            st.RUN_ENV: str(self.run_dir),
+            st.PROFILING_MODULE_ENV: str(self.root / "profiling.so"),
+        }
+        result = subprocess.run(
+            [sys.executable, str(self.bin / argv[0]), *argv[1:]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return Output(result.returncode, result.stdout, result.stderr)
+
+    def __call__(self, command: str) -> Output:
+        self.ran.append(command)
+        if command.split(" ", 1)[0] in STANDINS:
+            return self.standin(command)
+        name = self.names.get(command, "")
+        out = self.outputs.get(name)
+        if isinstance(out, Output):
+            return out
+        if out is not None:
+            return Output(0, out)
+        if command.startswith("cat "):
+            path = command.split()[-1]
+            return Output(1, "", f"cat: {path}: No such file or directory")
+        return Output(127, "", f"sh: 1: {command.split()[0]}: not found")
 
 
 @pytest.fixture
@@ -158,17 +415,38 @@ def host(tmp_path: Path) -> StandinHost:
     return StandinHost(tmp_path)
 
 
-def check(host: StandinHost, config: Any = CONFIG) -> tuple[dict[str, Any], list[str], str]:
+def check(
+    host: StandinHost, config: HostConfig = CONFIG
+) -> tuple[dict[str, Any], list[checks.Verdict], str]:
     facts = doctor.gather(host, config)
     view = doctor.describe(config, facts, NOW)
-    findings = doctor.evaluate(config, facts, "inventories/box.py", NOW)
-    return view, [str(f) for f in findings], doctor.render_text("box", view, findings)
+    verdicts = doctor.evaluate("box", config, facts, INVENTORY)
+    return view, verdicts, doctor.render_text("box", view, verdicts)
+
+
+def failed(verdicts: list[checks.Verdict]) -> dict[str, str]:
+    """Each failed check's id -> its finding ("message -> fix")."""
+    return {v.check: str(v) for v in verdicts if v.failed}
+
+
+def deploy(stage: str) -> str:
+    return f"pyinfra {INVENTORY} deploy/{stage}.py"
+
+
+def test_doctor_runs_every_check_that_reads_nothing_active():
+    ids = [c.id for c in doctor.doctor_checks()]
+    assert ids == [c.id for c in checks.ALL if not c.active]
+    assert "docker.gpus-all" not in ids and "tools.burn" not in ids
+    assert {"driver.held", "backend.key", "dcgm.localhost", "model.verified"} <= set(ids)
 
 
 def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
-    view, findings, text = check(host)
-    assert findings == [], findings
-    assert sorted(host.ran) == sorted(doctor.commands(CONFIG, "debian").values())
+    view, verdicts, text = check(host)
+    assert failed(verdicts) == {}
+    assert [v.check for v in verdicts] == [c.id for c in doctor.doctor_checks()]
+    passive = {n for n, f in FACTS.items() if not f.active}
+    expected = [cmd for cmd, name in host.names.items() if name in passive]
+    assert sorted(host.ran) == sorted(expected)
     assert len(host.ran) == len(set(host.ran))
     assert text.endswith("OK: no deviation from the inventory\n")
     lines = text.splitlines()
@@ -183,153 +461,257 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
     assert f"Driver    installed {DRIVER.package_version}, loaded {PIN}" in text
     assert "held 2/2" in text and "nvidia-persistenced active, enabled" in text
     assert "CUDA      nvcc 12.8.93 (/usr/local/cuda-12.8/bin/nvcc)" in text
-    assert "runtimes io.containerd.runc.v2, nvidia, runc (default runc)" in text
+    assert "28.5.1, runtimes io.containerd.runc.v2, nvidia, runc (default runc)" in text
     assert "DCGM      nvidia-dcgm active, enabled, 2 GPU(s) discovered" in text
     assert "/health 200, model qwen3-next (http://127.0.0.1:8080)" in text
     assert "\n          no bench yet (gpubox bench --inventory INVENTORY)\n" in text
     assert view["backend"]["last_bench"] is None
     assert "Burn-in   passed 2026-02-27T10:00:00+00:00, 2 day(s) ago (GPU 0 OK, GPU 1 OK)" in text
     assert view["gpus"]["gpus"][1]["power_limit_w"] == 300.0
+    skipped = {v.check for v in verdicts if v.status == "skip"}
+    # no exporter; llama.cpp built for the CPU; the vLLM checks
+    assert skipped == {
+        "dcgm.exporter",
+        "backend.gpu-memory",
+        "vllm.container",
+        "vllm.caches",
+        "vllm.warm",
+    }
+    active = sum(c.active for c in checks.ALL)
+    assert (
+        f"Checks    {len(verdicts) - len(skipped)} passed, 0 failed, {len(skipped)} not "
+        f"applicable (the host checks run {active} more that act on the box: pytest tests/host)"
+    ) in text
 
 
 def test_planted_faults_gpu_missing(host: StandinHost):
     st.set_gpu_present(host.state, 1, False)
-    _, findings, text = check(host)
-    assert (
-        "GPU missing: expected 2 Tesla V100-SXM2-32GB, found 1; lspci shows 1 NVIDIA 3D "
-        "controller(s) -> check the card/power/PCIe; lspci -d 10de:"
-    ) in findings
-    assert "DCGM discovers 1 GPU(s)" not in text  # dcgm and nvidia-smi agree
-    assert any(f.startswith("NVLink link down on GPU 0: 0 active, expected 2") for f in findings)
-    assert "Warnings (" in text and "  ! GPU missing" in text
+    _, verdicts, text = check(host)
+    findings = failed(verdicts)
+    assert set(findings) == {"gpu.listed", "nvlink.links", "nvlink.topology", "dcgm.discovery"}
+    assert findings["gpu.listed"] == (
+        "box: nvidia-smi lists 1 GPU(s), expected 2 Tesla V100-SXM2-32GB; lspci shows 1 NVIDIA "
+        "3D controller(s); found: GPU 0 Tesla V100-SXM2-32GB 00000000:07:00.0 -> "
+        "check the card/power/PCIe; lspci -d 10de:"
+    )
+    assert findings["nvlink.links"].startswith(
+        "box: GPU 0: 0 NVLink link(s) active, expected 2 (active: none; "
+    )
+    assert "GPU 1 reports no NVLink links" in findings["nvlink.links"]
+    assert findings["nvlink.topology"].startswith("box: topo -m shows 1 GPU(s), expected 2 -> ")
+    assert findings["dcgm.discovery"] == (
+        "box: dcgmi discovery lists 1 GPU(s), expected 2 -> sudo systemctl restart nvidia-dcgm; "
+        f"{deploy('dcgm')}"
+    )
+    assert "Warnings (4):" in text and "  ! [gpu.listed] box: nvidia-smi lists 1 GPU(s)" in text
 
 
 def test_planted_faults_link_down(host: StandinHost):
     st.set_link_active(host.state, 0, 2, False)
-    view, findings, _ = check(host)
+    view, verdicts, _ = check(host)
     fix = "reseat the NVLink bridge/board, check the GPUs' seating; nvidia-smi nvlink -s"
-    assert findings == [
-        f"NVLink link down on GPU 0: 1 active, expected 2 (inactive: 1, 2, 3, 4, 5) -> {fix}",
-        f"NVLink link down on GPU 1: 1 active, expected 2 (inactive: 0, 2, 3, 4, 5) -> {fix}",
-    ]
+    assert failed(verdicts) == {
+        "nvlink.links": "box: GPU 0: 1 NVLink link(s) active, expected 2 (active: 0; inactive: "
+        "1, 2, 3, 4, 5); GPU 1: 1 NVLink link(s) active, expected 2 (active: 1; inactive: 0, 2, "
+        f"3, 4, 5) -> {fix}"
+    }
     assert view["nvlink"]["topology"]["matrix"][0][1] == "NV1"  # still joined by the other
 
 
 def test_planted_faults_persistence_off(host: StandinHost):
     st.set_persistence_forced_off(host.state, True)
-    _, findings, text = check(host)
-    fix = "sudo systemctl restart nvidia-persistenced; pyinfra inventories/box.py deploy/driver.py"
-    assert findings == [
-        f"persistence mode off on GPU 0 -> {fix}",
-        f"persistence mode off on GPU 1 -> {fix}",
-    ]
+    _, verdicts, text = check(host)
+    fix = f"sudo systemctl restart nvidia-persistenced; {deploy('driver')}"
+    assert failed(verdicts) == {
+        "gpu.persistence": "box: persistence mode is not Enabled on GPU 0 (00000000:07:00.0), "
+        f"GPU 1 (00000000:08:00.0) -> {fix}"
+    }
     assert "persistence OFF" in text
 
 
 def test_no_driver_loaded_and_tools_missing(host: StandinHost):
     (host.run_dir / st.LOADED_DRIVER_FILE).unlink()
     (host.run_dir / st.HOSTENGINE_FILE).unlink()
-    for name in ("nvcc", "cuda_link", "docker_info", "holds"):
+    for name in ("nvcc", "docker_info", "docker_version", "holds"):
         del host.outputs[name]
-    host.outputs["services"] = _systemctl_show({"docker": "failed", "nvidia-dcgm": "inactive"})
-    host.outputs["health"] = "000"
-    _, findings, text = check(host)
-    assert (
-        "nvidia-smi cannot talk to the driver: no NVIDIA kernel module loaded -> "
-        "pyinfra inventories/box.py deploy/driver.py (reboots when allow_reboot; else sudo reboot)"
-    ) in findings
-    assert (
-        "no nvcc on a login shell's PATH -> pyinfra inventories/box.py deploy/cuda.py" in findings
+    host.outputs["cuda_link"] = Output(1, "")  # readlink -e: no such link
+    host.outputs["services"] = systemctl_show({"docker": "failed", "nvidia-dcgm": "inactive"})
+    host.outputs["listening"] = "\n".join(
+        line for line in str(host.outputs["listening"]).splitlines() if "nv-hostengine" not in line
     )
-    assert any(f.startswith("/usr/local/cuda resolves to nothing") for f in findings)
-    assert any(f.startswith("docker not found -> sudo systemctl start docker") for f in findings)
-    assert any(f.startswith("nvidia-dcgm is inactive -> sudo systemctl start") for f in findings)
-    assert any(f.startswith("gpubox-llama-server is inactive -> journalctl") for f in findings)
-    assert any(f.startswith("nvidia-persistenced is inactive") for f in findings)
+    host.outputs["health"] = "000"
+    _, verdicts, text = check(host)
+    findings = failed(verdicts)
+    no_driver = "cannot tell: nvidia-smi cannot talk to the driver: no NVIDIA kernel module loaded"
+    assert findings["gpu.listed"] == (
+        f"box: nvidia-smi lists every GPU of the inventory: {no_driver} -> {deploy('driver')}"
+    )
+    assert findings["driver.loaded"] == (
+        f"box: the loaded driver is the installed one: {no_driver} -> "
+        f"sudo reboot (or {deploy('driver')} with allow_reboot true)"
+    )
+    assert findings["cuda.nvcc"] == f"box: no nvcc on a login shell's PATH -> {deploy('cuda')}"
+    assert findings["cuda.link"] == (
+        f"box: /usr/local/cuda resolves to nothing, not /usr/local/cuda-12.8 -> {deploy('cuda')}"
+    )
+    assert findings["docker.service"] == (
+        f"box: docker is failed and enabled -> sudo systemctl start docker; {deploy('docker')}"
+    )
+    assert findings["docker.runtime"].startswith(
+        "box: Docker lists the nvidia runtime: cannot tell: `docker info --format '{{json .}}'`: "
+        "sh: 1: docker: not found -> "
+    )
+    assert findings["dcgm.service"].startswith(
+        "box: nvidia-dcgm is inactive and enabled -> sudo systemctl start nvidia-dcgm"
+    )
+    assert findings["dcgm.localhost"].startswith("box: nv-hostengine listens on no TCP port")
+    assert findings["backend.service"] == (
+        "box: gpubox-llama-server is inactive and enabled -> journalctl -u gpubox-llama-server "
+        f"-n 50; {deploy('backend')}"
+    )
+    assert findings["backend.health"] == (
+        "box: /health answers nothing -> journalctl -u gpubox-llama-server -n 50; "
+        "sudo systemctl restart gpubox-llama-server"
+    )
+    assert findings["driver.persistenced"].startswith("box: nvidia-persistenced is inactive")
+    assert findings["driver.held"].startswith(
+        "box: the driver packages are held: cannot tell: `apt-mark showhold`: sh: 1: apt-mark: "
+        "not found"
+    )
+    assert {"gpu.persistence", "nvlink.links", "nvlink.topology", "dcgm.discovery"} <= set(findings)
+    assert {v.check for v in verdicts if v.status == "error"} >= {"gpu.listed", "docker.runtime"}
     assert "GPUs      nvidia-smi: NVIDIA-SMI has failed" in text
     assert "held 0/?" in text
 
 
 def test_driver_drift_unheld_and_pin_broken(host: StandinHost):
     host.outputs["holds"] = ""
-    host.outputs["policy"] = host.outputs["policy"].replace(
+    host.outputs["policy"] = str(host.outputs["policy"]).replace(
         f"Candidate: {DRIVER.package_version}", "Candidate: 580.105.08-1"
     )
+    files = pin_files(CONFIG)
+    del files[layout.DRIVER_PIN]
+    host.outputs["pins"] = pins_output(files)
     host.outputs["module_version"] = "580.105.08\n"
-    _, findings, _ = check(host)
-    fix = "pyinfra inventories/box.py deploy/driver.py"
-    assert f"driver packages not held: {', '.join(DRIVER.installed)} -> {fix}" in findings
-    assert (
-        f"apt would install driver 580.105.08-1, not {DRIVER.package_version} (the pin is "
-        f"missing or broken) -> {fix}"
-    ) in findings
-    assert any(f.startswith(f"loaded driver {PIN}, 580.105.08, configured {PIN}") for f in findings)
+    _, verdicts, _ = check(host)
+    findings = failed(verdicts)
+    fix = deploy("driver")
+    assert findings["driver.held"] == (
+        f"box: driver packages not held: {', '.join(sorted(DRIVER.installed))} -> {fix}"
+    )
+    assert findings["driver.candidate"] == (
+        "box: apt would install "
+        + ", ".join(f"{name} 580.105.08-1" for name in DRIVER.installed)
+        + f", not {DRIVER.package_version} (the pin is missing or broken) -> {fix}"
+    )
+    assert findings["driver.pins"] == (f"box: apt pin {layout.DRIVER_PIN} is missing -> {fix}")
+    assert findings["driver.loaded"] == (
+        f"box: loaded driver {PIN}, 580.105.08, configured {PIN} -> "
+        f"sudo reboot (or {fix} with allow_reboot true)"
+    )
+    # the container toolkit's and DCGM's packages lost their holds too
+    assert set(findings) == {
+        "driver.held",
+        "driver.candidate",
+        "driver.pins",
+        "driver.loaded",
+        "toolkit.packages",
+        "dcgm.packages",
+    }
 
 
 def test_a_kernel_update_without_the_module_is_named_with_its_fix(host: StandinHost):
-    _, findings, text = check(host)
-    assert "Kernels   module built for 6.1.0-28-amd64\n" in text and not findings
-    host.outputs["kernels"] += "K 6.1.0-31-amd64\n"
-    _, findings, text = check(host)
-    assert findings == [
-        f"no NVIDIA {PIN} module (dkms status) for kernel(s) 6.1.0-31-amd64: booting one of "
-        "them gives no driver -> pyinfra inventories/box.py deploy/driver.py (runs dkms "
-        "autoinstall -k KERNEL, or installs that kernel's headers)"
-    ]
+    _, verdicts, text = check(host)
+    assert "Kernels   module built for 6.1.0-28-amd64\n" in text and not failed(verdicts)
+    host.outputs["kernels"] = str(host.outputs["kernels"]) + "K 6.1.0-31-amd64\n"
+    _, verdicts, text = check(host)
+    assert failed(verdicts) == {
+        "driver.kernels": f"box: no NVIDIA {PIN} module (dkms status) for kernel(s) "
+        "6.1.0-31-amd64: booting one of them gives no driver -> "
+        f"{deploy('driver')} (runs dkms autoinstall -k KERNEL, or installs that kernel's headers)"
+    }
     assert "Kernels   module built for 6.1.0-28-amd64; MISSING for 6.1.0-31-amd64" in text
 
 
 def test_burnin_failed_and_required(host: StandinHost):
-    required = load_host_config("box", {"nvlink_links": 2, "burnin_required": True})
-    del host.outputs["burnin"]
-    _, findings, text = check(host, required)
-    assert (
-        "no burn-in record (/var/lib/gpubox/burnin.json) -> gpubox burnin inventories/box.py"
-        in findings
+    required = load_host_config(
+        "box", {"nvlink_links": 2, "llamacpp_cuda": False, "burnin_required": True}
     )
+    del host.outputs["burnin"]
+    _, verdicts, text = check(host, required)
+    assert failed(verdicts) == {
+        "burnin.record": "box: no burn-in record (/var/lib/gpubox/burnin.json) -> "
+        f"gpubox burnin {INVENTORY}"
+    }
     assert "Burn-in   none recorded" in text
+    _, verdicts, text = check(host)  # not required: no record is no finding
+    assert failed(verdicts) == {}
+    assert next(v for v in verdicts if v.check == "burnin.record").status == "skip"
     record = json.loads(converged_outputs()["burnin"])
     record.update(passed=False, problems=["GPU 1: gpu-burn says FAULTY"])
     record["gpu_burn"]["gpus"]["1"] = "FAULTY"
     host.outputs["burnin"] = json.dumps(record)
-    _, findings, text = check(host)
-    assert (
-        "the last burn-in failed: GPU 1: gpu-burn says FAULTY -> gpubox burnin inventories/box.py"
-        in findings
-    )
+    _, verdicts, text = check(host)  # a failed one is, even when not required
+    assert failed(verdicts) == {
+        "burnin.record": "box: the last burn-in failed: GPU 1: gpu-burn says FAULTY -> "
+        f"gpubox burnin {INVENTORY}"
+    }
     assert "Burn-in   FAILED" in text and "GPU 1 FAULTY" in text
 
 
 def test_unreachable_host_raises():
-    def refuse(command: str) -> doctor.Output:
+    def refuse(command: str) -> Output:
         raise OSError("Connection refused")
 
-    with pytest.raises(doctor.Unreachable, match="Connection refused"):
+    with pytest.raises(Unreachable, match="Connection refused"):
         doctor.gather(refuse, CONFIG)
+
+
+def test_a_connection_lost_mid_way_is_one_more_finding(host: StandinHost):
+    def flaky(command: str) -> Output:
+        if command == "nvtop --version":
+            raise OSError("Connection reset by peer")
+        return host(command)
+
+    facts = doctor.gather(flaky, CONFIG)
+    findings = failed(doctor.evaluate("box", CONFIG, facts, INVENTORY))
+    assert findings == {
+        "tools.nvtop": "box: nvtop runs: cannot tell: `nvtop --version` failed (255): "
+        f"OSError: Connection reset by peer -> {deploy('tools')}"
+    }
 
 
 def test_json_is_the_same_report(host: StandinHost):
     st.set_persistence_forced_off(host.state, True)
     facts = doctor.gather(host, CONFIG)
     view = doctor.describe(CONFIG, facts, NOW)
-    findings = doctor.evaluate(CONFIG, facts, "inv.py", NOW)
-    doc = json.loads(doctor.render_json([doctor.host_report("box", view, findings)]))
+    verdicts = doctor.evaluate("box", CONFIG, facts, "inv.py")
+    doc = json.loads(doctor.render_json([doctor.host_report("box", view, verdicts)]))
     [report] = doc["hosts"]
     assert report["host"] == "box" and report["ok"] is False
-    assert [f["message"] for f in report["findings"]] == [
-        "persistence mode off on GPU 0",
-        "persistence mode off on GPU 1",
-    ]
-    assert report["findings"][0]["area"] == "gpu"
+    [finding] = report["findings"]
+    assert finding["check"] == "gpu.persistence" and finding["status"] == "fail"
+    assert finding["message"] == (
+        "box: persistence mode is not Enabled on GPU 0 (00000000:07:00.0), GPU 1 (00000000:08:00.0)"
+    )
+    assert finding["fix"] == "sudo systemctl restart nvidia-persistenced; pyinfra inv.py " + (
+        "deploy/driver.py"
+    )
+    assert report["checks"] == {v.check: v.status for v in verdicts}
+    assert report["checks"]["gpu.persistence"] == "fail"
+    assert report["checks"]["driver.held"] == "pass"
+    assert report["checks"]["vllm.container"] == "skip"
     assert [g["persistence"] for g in report["gpus"]["gpus"]] == ["Disabled", "Disabled"]
     assert report["nvlink"]["topology"]["devices"] == ["GPU0", "GPU1"]
     assert report["driver"]["loaded"] == PIN
 
 
 def test_systemctl_show_blocks():
-    units = doctor.parse_systemctl_show(_systemctl_show({"docker": "active"}))
+    units = parse_systemctl_show(systemctl_show({"docker": "active", "gpubox-vllm": "missing"}))
     assert units["docker"]["ActiveState"] == "active"
-    assert units["gpubox-vllm"]["LoadState"] == "loaded"
+    assert units["gpubox-llama-server"]["LoadState"] == "loaded"
+    assert units["gpubox-vllm"]["LoadState"] == "not-found"
+    assert list(units) == SERVICES
 
 
 def _bench_report(url: str, model: str = "qwen3-next") -> dict[str, Any]:
@@ -360,7 +742,7 @@ def test_the_last_bench_figures_are_shown_in_the_backend_section(
     found = bench.load_record("box", url)
     facts = doctor.gather(host, CONFIG)
     view = doctor.describe(CONFIG, facts, NOW, last_bench=found)
-    text = doctor.render_text("box", view, doctor.evaluate(CONFIG, facts, "inv.py", NOW))
+    text = doctor.render_text("box", view, doctor.evaluate("box", CONFIG, facts, "inv.py"))
     assert (
         "\n          last bench 2026-11-30: 1 stream 65 tok/s, TTFT 120 ms, TPOT 15.2 ms; "
         "4 streams 201 tok/s, TTFT 180 ms, TPOT 19.6 ms, 2 FAILED\n"

@@ -6,17 +6,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import REFERENCE
 
 from gpubox import driver_plan
 from gpubox.config import load_host_config, target_for
 
-REFERENCE = {
-    "gpu_model": "Tesla V100-SXM2-32GB",
-    "gpu_count": 2,
-    "nvlink": True,
-    "driver_branch": "570",
-    "cuda_version": "12.8",
-}
 UBUNTU = {"ID": "ubuntu", "VERSION_ID": "24.04"}
 DEBIAN = {"ID": "debian", "VERSION_ID": "12"}
 

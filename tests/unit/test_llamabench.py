@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import signal
+import string
 import subprocess
 import time
 from pathlib import Path
@@ -16,9 +17,11 @@ from typing import Any
 
 import pytest
 
-from gpubox import bench, llamabench
+from gpubox import bench, layout
+from gpubox.bench import llamabench, llamabench_host, llamabench_results
+from gpubox.checks import Output
 from gpubox.config import load_host_config
-from gpubox.doctor import BACKEND_UNITS, Output
+from gpubox.layout import BACKEND_UNITS
 
 # test::get_fields() of tools/llama-bench/llama-bench.cpp, in its order, then the two arrays
 # json_printer::print_test adds.
@@ -90,9 +93,11 @@ def run_output(pp: float, tg: float, mode: str = "layer") -> str:
     return printed([v100_test(512, 0, pp, mode), v100_test(0, 128, tg, mode)])
 
 
-# A real run: llama-bench of b11312 (a CPU build) on the sandbox's tiny model, stdout verbatim.
-REAL_CPU_RUN = """[
-  {
+# A real run: llama-bench of b11312 (a CPU build) on the sandbox's tiny model, its stdout
+# verbatim once put together: its two tests (pp512, then tg128) print alike but for the fields
+# written $name here.
+_REAL_CPU_TEST = string.Template(
+    """  {
     "build_commit": "0c1e570",
     "build_number": 11312,
     "cpu_info": "AMD EPYC",
@@ -127,65 +132,31 @@ REAL_CPU_RUN = """[
     "repack": true,
     "fit_target": 0,
     "fit_min_ctx": 0,
-    "n_prompt": 512,
-    "n_gen": 0,
+    "n_prompt": $n_prompt,
+    "n_gen": $n_gen,
     "n_depth": 0,
     "test_time": "2026-12-01T06:10:28Z",
-    "avg_ns": 18024278,
-    "stddev_ns": 3348766,
-    "avg_ts": 29100.044315,
-    "stddev_ts": 5631.419135,
-    "samples_ns": [ 18318448, 21216253, 14538134 ],
-    "samples_ts": [ 27950, 24132.4, 35217.7 ]
-  },
-  {
-    "build_commit": "0c1e570",
-    "build_number": 11312,
-    "cpu_info": "AMD EPYC",
-    "gpu_info": "",
-    "backends": "CPU",
-    "model_filename": "/tmp/llamabench-tiny.gguf",
-    "model_type": "llama ?B all F32",
-    "model_size": 465664,
-    "model_n_params": 116416,
-    "n_batch": 2048,
-    "n_ubatch": 512,
-    "n_threads": 2,
-    "cpu_mask": "0x0",
-    "cpu_strict": false,
-    "poll": 50,
-    "type_k": "f16",
-    "type_v": "f16",
-    "n_gpu_layers": 999,
-    "n_cpu_moe": 0,
-    "split_mode": "layer",
-    "main_gpu": 0,
-    "no_kv_offload": false,
-    "flash_attn": 1,
-    "devices": "auto",
-    "tensor_split": "0.00",
-    "tensor_buft_overrides": "none",
-    "load_mode": "auto",
-    "lazy_mode": "auto",
-    "embeddings": false,
-    "no_op_offload": 0,
-    "no_host": false,
-    "repack": true,
-    "fit_target": 0,
-    "fit_min_ctx": 0,
-    "n_prompt": 0,
-    "n_gen": 128,
-    "n_depth": 0,
-    "test_time": "2026-12-01T06:10:28Z",
-    "avg_ns": 26601217,
-    "stddev_ns": 3008745,
-    "avg_ts": 4855.373923,
-    "stddev_ts": 578.273699,
-    "samples_ns": [ 27534267, 23236493, 29032893 ],
-    "samples_ts": [ 4648.75, 5508.58, 4408.79 ]
-  }
-]
-"""
+    "avg_ns": $avg_ns,
+    "stddev_ns": $stddev_ns,
+    "avg_ts": $avg_ts,
+    "stddev_ts": $stddev_ts,
+    "samples_ns": [ $samples_ns ],
+    "samples_ts": [ $samples_ts ]
+  }"""
+)
+_REAL_CPU_FIGURES = (
+    {
+        "n_prompt": "512", "n_gen": "0", "avg_ns": "18024278", "stddev_ns": "3348766",
+        "avg_ts": "29100.044315", "stddev_ts": "5631.419135",
+        "samples_ns": "18318448, 21216253, 14538134", "samples_ts": "27950, 24132.4, 35217.7",
+    },
+    {
+        "n_prompt": "0", "n_gen": "128", "avg_ns": "26601217", "stddev_ns": "3008745",
+        "avg_ts": "4855.373923", "stddev_ts": "578.273699",
+        "samples_ns": "27534267, 23236493, 29032893", "samples_ts": "4648.75, 5508.58, 4408.79",
+    },
+)  # fmt: skip
+REAL_CPU_RUN = "[\n" + ",\n".join(_REAL_CPU_TEST.substitute(f) for f in _REAL_CPU_FIGURES) + "\n]\n"
 # The end of the same build's stderr with -v for -sm tensor (no GPU to split over), verbatim.
 TENSOR_LOG = (
     "print_info: file size   = 0.44 MiB (32.00 BPW) \n"
@@ -195,7 +166,7 @@ TENSOR_LOG = (
     "llama_bench: error: failed to load model '/tmp/llamabench-tiny.gguf'\n"
 )
 
-PLAN = llamabench.Plan(
+PLAN = llamabench_host.Plan(
     name="box",
     binary="/opt/llama.cpp/b11312/bin/llama-bench",
     model="/srv/models/model.gguf",
@@ -212,9 +183,9 @@ PLAN = llamabench.Plan(
 
 
 def test_the_printers_output_is_read_with_llama_benchs_names():
-    records = llamabench.parse_json(run_output(3100.5, 72.25))
-    assert [llamabench.name_of(r) for r in records] == ["pp512", "tg128"]
-    tests = llamabench.figures(records)
+    records = llamabench_results.parse_json(run_output(3100.5, 72.25))
+    assert [llamabench_results.name_of(r) for r in records] == ["pp512", "tg128"]
+    tests = llamabench_results.figures(records)
     assert tests["pp512"]["avg_ts"] == 3100.5 and tests["tg128"]["avg_ts"] == 72.25
     assert tests["tg128"]["stddev_ts"] == pytest.approx(0.7225)
     assert tests["tg128"]["split_mode"] == "layer" and tests["tg128"]["n_gpu_layers"] == 999
@@ -226,7 +197,7 @@ def test_a_run_that_died_after_its_first_test_keeps_that_test():
     text = printed([v100_test(512, 0, 3000.0)], closed=False)
     with pytest.raises(ValueError):
         json.loads(text)  # what llama-bench leaves when the next test fails
-    result = llamabench.mode_result(
+    result = llamabench_results.mode_result(
         "row",
         Output(1, text, "llama_bench: error: failed to run gen\n"),
     )
@@ -235,19 +206,26 @@ def test_a_run_that_died_after_its_first_test_keeps_that_test():
 
 
 def test_a_real_run_is_read_and_printed_as_the_printer_does():
-    records = llamabench.parse_json(REAL_CPU_RUN)
+    records = llamabench_results.parse_json(REAL_CPU_RUN)
     assert [list(r) for r in records] == [[*FIELDS, "samples_ns", "samples_ts"]] * 2
     assert printed(records) == REAL_CPU_RUN  # the stand-in printer above writes the same bytes
-    tests = llamabench.figures(records)
+    tests = llamabench_results.figures(records)
     assert list(tests) == ["pp512", "tg128"]
     assert tests["tg128"]["avg_ts"] == 4855.373923 and tests["tg128"]["backends"] == "CPU"
     assert tests["pp512"]["samples_ts"] == [27950, 24132.4, 35217.7]
 
 
 def test_other_test_names():
-    assert llamabench.name_of({"n_prompt": 512, "n_gen": 128, "n_depth": 0}) == "pp512+tg128"
-    assert llamabench.name_of({"n_prompt": 0, "n_gen": 128, "n_depth": 4096}) == "tg128 @ d4096"
-    assert llamabench.parse_json("") == [] and llamabench.parse_json("garbage") == []
+    assert (
+        llamabench_results.name_of({"n_prompt": 512, "n_gen": 128, "n_depth": 0}) == "pp512+tg128"
+    )
+    assert (
+        llamabench_results.name_of({"n_prompt": 0, "n_gen": 128, "n_depth": 4096})
+        == "tg128 @ d4096"
+    )
+    assert (
+        llamabench_results.parse_json("") == [] and llamabench_results.parse_json("garbage") == []
+    )
 
 
 def test_a_refused_split_mode_names_llamas_reason():
@@ -259,19 +237,21 @@ def test_a_refused_split_mode_names_llamas_reason():
         "llama_model_load_from_file_impl: failed to load model\n"
         "llama_bench: error: failed to load model '/srv/models/model.gguf'\n"
     )
-    result = llamabench.mode_result("tensor", Output(1, "[\n", stderr))
+    result = llamabench_results.mode_result("tensor", Output(1, "[\n", stderr))
     assert not result.ok and result.tests == {}
     assert result.error == (
         "exit status 1: llama_prepare_model_devices: LLAMA_SPLIT_MODE_TENSOR needs >= 1 devices"
         " | llama_model_load_from_file_impl: failed to load model"
         " | llama_bench: error: failed to load model '/srv/models/model.gguf'"
     )
-    timed_out = llamabench.mode_result("layer", Output(124, "[\n", ""))
-    assert timed_out.error == f"timed out after {llamabench.RUN_TIMEOUT} s"
+    timed_out = llamabench_results.mode_result("layer", Output(124, "[\n", ""))
+    assert timed_out.error == f"timed out after {llamabench_results.RUN_TIMEOUT} s"
 
 
 def test_a_run_without_tg128_is_not_a_success():
-    result = llamabench.mode_result("layer", Output(0, printed([v100_test(512, 0, 3000.0)]), ""))
+    result = llamabench_results.mode_result(
+        "layer", Output(0, printed([v100_test(512, 0, 3000.0)]), "")
+    )
     assert not result.ok and result.error == "no tg128 in llama-bench's output"
 
 
@@ -283,22 +263,22 @@ def test_argv_per_mode():
         PLAN.binary, "-m", PLAN.model, "-p", "512", "-n", "128", "-ngl", "999", "-fa", "on",
     ]  # fmt: skip
     tail = ["-r", "3", "-o", "json", "-ts", "1/1"]
-    assert llamabench.argv_for(PLAN, "layer") == base + ["-sm", "layer"] + tail
-    assert llamabench.argv_for(PLAN, "row") == base + ["-sm", "row"] + tail
-    tensor = llamabench.argv_for(PLAN, "tensor")
+    assert llamabench_host.argv_for(PLAN, "layer") == base + ["-sm", "layer"] + tail
+    assert llamabench_host.argv_for(PLAN, "row") == base + ["-sm", "row"] + tail
+    tensor = llamabench_host.argv_for(PLAN, "tensor")
     assert tensor == base + ["-sm", "tensor"] + tail + ["-ctk", "f16", "-ctv", "f16"]
-    assert llamabench.env_for("tensor") == {"GGML_CUDA_P2P": "1"}
-    assert llamabench.env_for("layer") == llamabench.env_for("row") == {}
-    verbose = llamabench.argv_for(PLAN, "layer", verbose=True)
+    assert llamabench_host.env_for("tensor") == {"GGML_CUDA_P2P": "1"}
+    assert llamabench_host.env_for("layer") == llamabench_host.env_for("row") == {}
+    verbose = llamabench_host.argv_for(PLAN, "layer", verbose=True)
     assert verbose == base + ["-sm", "layer", "-r", "1", "-o", "json", "-ts", "1/1", "-v"]
-    cpu = llamabench.Plan(**{**PLAN.__dict__, "cuda": False})
-    assert "-ts" not in llamabench.argv_for(cpu, "layer")  # no GPUs to weigh
+    cpu = llamabench_host.Plan(**{**PLAN.__dict__, "cuda": False})
+    assert "-ts" not in llamabench_host.argv_for(cpu, "layer")  # no GPUs to weigh
 
 
 @pytest.fixture
-def fake_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> llamabench.Plan:
+def fake_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> llamabench_host.Plan:
     """A stand-in llama-bench (a shell script) and a PIDFILE under tmp_path."""
-    monkeypatch.setattr(llamabench, "PIDFILE", str(tmp_path / "llama-bench.pid"))
+    monkeypatch.setattr(layout, "LLAMA_BENCH_PIDFILE", str(tmp_path / "llama-bench.pid"))
     script = tmp_path / "llama-bench"
     script.write_text(
         "#!/bin/sh\n"
@@ -313,7 +293,7 @@ def fake_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> llamabench.Pl
     )
     script.chmod(0o755)
     (tmp_path / "out.json").write_text(run_output(3000.0, 70.0))
-    return llamabench.Plan(**{**PLAN.__dict__, "binary": str(script)})
+    return llamabench_host.Plan(**{**PLAN.__dict__, "binary": str(script)})
 
 
 def sh(command: str) -> Output:
@@ -322,33 +302,33 @@ def sh(command: str) -> Output:
 
 
 def test_the_run_command_brings_back_json_errors_and_the_status(fake_bench, tmp_path):
-    out = sh(llamabench.run_command(fake_bench, "layer"))
-    assert out.rc == 0 and llamabench.mode_result("layer", out).ts("tg128") == 70.0
+    out = sh(llamabench_host.run_command(fake_bench, "layer"))
+    assert out.rc == 0 and llamabench_results.mode_result("layer", out).ts("tg128") == 70.0
     args = (tmp_path / "args").read_text()
     assert "-sm layer" in args and "P2P=unset" in args
-    assert not Path(llamabench.PIDFILE).exists()  # removed once the run ended
+    assert not Path(layout.LLAMA_BENCH_PIDFILE).exists()  # removed once the run ended
 
-    out = sh(llamabench.run_command(fake_bench, "tensor"))
+    out = sh(llamabench_host.run_command(fake_bench, "tensor"))
     assert out.rc == 1 and "P2P=1" in (tmp_path / "args").read_text()
-    assert llamabench.mode_result("tensor", out).error == (
+    assert llamabench_results.mode_result("tensor", out).error == (
         "exit status 1: llama_bench: error: failed to load model"
     )
 
 
 def test_the_cleanup_ends_an_interrupted_run(fake_bench, tmp_path):
     # The row run sleeps: as a client's Ctrl-C leaves it, running on with nobody reading.
-    proc = subprocess.Popen(["sh", "-c", llamabench.run_command(fake_bench, "row")])
+    proc = subprocess.Popen(["sh", "-c", llamabench_host.run_command(fake_bench, "row")])
     try:
         deadline = time.monotonic() + 20
         while not (tmp_path / "args").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        pid = int(Path(llamabench.PIDFILE).read_text())
+        pid = int(Path(layout.LLAMA_BENCH_PIDFILE).read_text())
         assert os.getpgid(pid) == pid  # its own process group (setsid)
         start = time.monotonic()
-        assert sh(llamabench.cleanup_command()).rc == 0
+        assert sh(llamabench_host.cleanup_command()).rc == 0
         assert proc.wait(timeout=20) != 0
         assert time.monotonic() - start < 10  # TERM ended it: no 30 s sleep, no KILL wait
-        assert not Path(llamabench.PIDFILE).exists()
+        assert not Path(layout.LLAMA_BENCH_PIDFILE).exists()
         worker = int((tmp_path / "args").read_text().split()[0])
         with pytest.raises(ProcessLookupError):
             os.kill(worker, 0)
@@ -359,12 +339,12 @@ def test_the_cleanup_ends_an_interrupted_run(fake_bench, tmp_path):
 
 
 def test_the_cleanup_kills_nothing_that_is_not_llama_bench(tmp_path, monkeypatch):
-    monkeypatch.setattr(llamabench, "PIDFILE", str(tmp_path / "pid"))
+    monkeypatch.setattr(layout, "LLAMA_BENCH_PIDFILE", str(tmp_path / "pid"))
     other = subprocess.Popen(["sleep", "30"])
     try:
-        Path(llamabench.PIDFILE).write_text(f"{other.pid}\n")  # a stale file, a reused pid
-        assert sh(llamabench.cleanup_command()).rc == 0
-        assert other.poll() is None and not Path(llamabench.PIDFILE).exists()
+        Path(layout.LLAMA_BENCH_PIDFILE).write_text(f"{other.pid}\n")  # a stale file, a reused pid
+        assert sh(llamabench_host.cleanup_command()).rc == 0
+        assert other.poll() is None and not Path(layout.LLAMA_BENCH_PIDFILE).exists()
     finally:
         other.kill()
         other.wait()
@@ -391,27 +371,27 @@ class FakeBox:
         self.log: list[str] = []
 
     def __call__(self, command: str) -> Output:
-        if command == llamabench.preflight_command(PLAN):
+        if command == llamabench_host.preflight_command(PLAN):
             self.log.append("preflight")
             binary = "yes" if self.binary else "no"
             return Output(0, f"binary={binary}\nmodel=yes\nactive={self.active}\n")
-        if command == f"systemctl stop {llamabench.UNIT}":
+        if command == f"systemctl stop {layout.LLAMA_SERVER}":
             self.log.append("stop")
             return Output(0, "")
-        if command == f"systemctl start {llamabench.UNIT}":
+        if command == f"systemctl start {layout.LLAMA_SERVER}":
             self.log.append("start")
             return Output(0, "")
-        if command == llamabench.cleanup_command():
+        if command == llamabench_host.cleanup_command():
             self.log.append("cleanup")
             return Output(0, "")
-        if command == llamabench.health_command(PLAN):
+        if command == llamabench_host.health_command(PLAN):
             self.log.append("health")
             return Output(0, self.health.pop(0) if len(self.health) > 1 else self.health[0])
         for mode in llamabench.SPLIT_MODES:
-            if command == llamabench.run_command(PLAN, mode, verbose=True):
+            if command == llamabench_host.run_command(PLAN, mode, verbose=True):
                 self.log.append(f"verbose {mode}")
                 return self.verbose.get(mode, Output(1, "[\n", TENSOR_LOG))
-            if command == llamabench.run_command(PLAN, mode):
+            if command == llamabench_host.run_command(PLAN, mode):
                 self.log.append(f"run {mode}")
                 answer = self.runs.get(mode, Output(0, run_output(3000.0, 70.0, mode)))
                 if isinstance(answer, BaseException):
@@ -434,7 +414,7 @@ class Clock:
 def bench_host(box: FakeBox, modes: list[str], said: list[str] | None = None, clock=None):
     clock = clock or Clock()
     said = said if said is not None else []
-    return llamabench.bench_host(box, PLAN, modes, said.append, clock.sleep, clock)
+    return llamabench_host.bench_host(box, PLAN, modes, said.append, clock.sleep, clock)
 
 
 def test_the_server_is_stopped_then_started_and_awaited():
@@ -479,7 +459,7 @@ def test_a_mode_that_passes_with_the_log_keeps_its_first_error_and_a_timeout_is_
     result = bench_host(box, ["layer", "row"])
     assert box.log[1:5] == ["stop", "run layer", "verbose layer", "run row"]
     assert result.modes[0].error == "exit status 1: llama_bench: error: failed to run gen"
-    assert result.modes[1].error == f"timed out after {llamabench.RUN_TIMEOUT} s"
+    assert result.modes[1].error == f"timed out after {llamabench_results.RUN_TIMEOUT} s"
 
 
 @pytest.mark.parametrize(
@@ -544,35 +524,35 @@ def test_nothing_is_stopped_without_llama_bench_on_the_box():
 # ---------------------------------------------------------------- the best mode, the table
 
 
-def modes(**tg: float | None) -> list[llamabench.ModeResult]:
+def modes(**tg: float | None) -> list[llamabench_results.ModeResult]:
     out = []
     for mode, value in tg.items():
         if value is None:
-            out.append(llamabench.ModeResult(mode, False, {}, "exit status 1: refused"))
+            out.append(llamabench_results.ModeResult(mode, False, {}, "exit status 1: refused"))
         else:
             text = run_output(3000.0, value, mode)
-            out.append(llamabench.mode_result(mode, Output(0, text, "")))
+            out.append(llamabench_results.mode_result(mode, Output(0, text, "")))
     return out
 
 
 def test_the_fastest_decode_wins():
     results = modes(layer=65.04, row=81.25, tensor=None)
-    assert llamabench.best_mode(results).mode == "row"
-    assert llamabench.advice(results, "layer") == (
+    assert llamabench_results.best_mode(results).mode == "row"
+    assert llamabench_results.advice(results, "layer") == (
         "set llamacpp_split_mode: row (tg128 81.2 tok/s vs layer 65.0, tensor failed) (now layer)"
     )
     same = modes(layer=70.0, row=70.0)
-    assert llamabench.best_mode(same).mode == "layer"  # the first of equals
-    assert llamabench.advice(same, "layer").endswith("(already set)")
+    assert llamabench_results.best_mode(same).mode == "layer"  # the first of equals
+    assert llamabench_results.advice(same, "layer").endswith("(already set)")
     noisy = modes(layer=70.0, row=71.0)  # a lead of 1.0 within 0.70 + 0.71 of stddev
-    assert llamabench.best_mode(noisy, "layer").mode == "layer"
-    assert llamabench.best_mode(noisy, "row").mode == "row"
-    assert llamabench.advice(noisy, "layer") == (
+    assert llamabench_results.best_mode(noisy, "layer").mode == "layer"
+    assert llamabench_results.best_mode(noisy, "row").mode == "row"
+    assert llamabench_results.advice(noisy, "layer") == (
         "set llamacpp_split_mode: layer (tg128 70.0 tok/s vs row 71.0) (already set); row is "
         "faster by less than the runs' noise"
     )
-    assert llamabench.best_mode(modes(layer=70.0, row=71.5), "layer").mode == "row"
-    assert llamabench.advice(modes(row=None, tensor=None), "layer") == (
+    assert llamabench_results.best_mode(modes(layer=70.0, row=71.5), "layer").mode == "row"
+    assert llamabench_results.advice(modes(row=None, tensor=None), "layer") == (
         "no split mode ran: keep llamacpp_split_mode: layer"
     )
 
@@ -592,8 +572,10 @@ def served_report(decode_tps: float) -> dict[str, Any]:
 
 
 def test_one_table_beside_the_served_figures():
-    result = llamabench.HostResult("box", "layer", modes(layer=65.04, row=81.25, tensor=None))
-    table = llamabench.format_table(result, served_report(60.0))
+    result = llamabench_results.HostResult(
+        "box", "layer", modes(layer=65.04, row=81.25, tensor=None)
+    )
+    table = llamabench_results.format_table(result, served_report(60.0))
     lines = table.splitlines()
     assert lines[0] == (
         "box: llama-bench (qwen3next 80B.A3B Q4_K - Medium, CUDA, Tesla V100-SXM2-32GB, "
@@ -613,11 +595,13 @@ def test_one_table_beside_the_served_figures():
 
 
 def test_the_table_without_served_figures_and_with_wide_cells():
-    result = llamabench.HostResult("box", "layer", modes(layer=65.0))
-    table = llamabench.format_table(result, None)
+    result = llamabench_results.HostResult("box", "layer", modes(layer=65.0))
+    table = llamabench_results.format_table(result, None)
     assert "served" not in table and "65.0 ± 0.7" in table
     wide = modes(layer=123456.0, row=123456.0)
-    lines = llamabench.format_table(llamabench.HostResult("box", "layer", wide), None)
+    lines = llamabench_results.format_table(
+        llamabench_results.HostResult("box", "layer", wide), None
+    )
     assert lines.splitlines()[3].split() == ["decode", "(tg128)"] + ["123456.0", "±", "1234.6"] * 2
 
 
@@ -633,7 +617,7 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_figures_join_the_hosts_bench_record(state_dir):
     bench.save_record(bench.summary_record(served_report(60.0) | {"endpoint": {
         "url": "http://box:8080", "model": "qwen3-next"}}, "2026-03-01"), "box")  # fmt: skip
-    result = llamabench.HostResult("box", "layer", modes(layer=65.0, tensor=None))
+    result = llamabench_results.HostResult("box", "layer", modes(layer=65.0, tensor=None))
     llamabench.save(result, PLAN, date="2026-03-02")
     record = bench.load_record("box", "http://box:8080")
     assert record is not None and record["date"] == "2026-03-01" and record["levels"]
@@ -651,14 +635,14 @@ def test_the_figures_join_the_hosts_bench_record(state_dir):
         "model_type": "qwen3next 80B.A3B Q4_K - Medium",
     }
     # no served record yet: one is made for the llama-bench figures alone
-    other = llamabench.Plan(**{**PLAN.__dict__, "name": "box2", "url": "http://box2:8080"})
+    other = llamabench_host.Plan(**{**PLAN.__dict__, "name": "box2", "url": "http://box2:8080"})
     llamabench.save(result, other, date="2026-03-02")
     alone = bench.load_record("box2", "http://box2:8080")
     assert alone is not None and alone["levels"] == [] and "llama_bench" in alone
 
 
 def test_the_plan_is_what_the_deploy_installs_and_serves():
-    from gpubox.stages.backend import LLAMA_UNIT
+    from gpubox.layout import LLAMA_SERVER as LLAMA_UNIT
     from gpubox.stages.llamacpp_build import llama_build
     from gpubox.stages.model import plan as model_plan
 
@@ -672,21 +656,21 @@ def test_the_plan_is_what_the_deploy_installs_and_serves():
     assert plan.health_url == "http://127.0.0.1:8080/health"
     assert plan.url == "http://gpu1.example:8080"
     assert "HostName gpu1.example" in plan.ssh_config and "User admin" in plan.ssh_config
-    assert llamabench.UNIT == LLAMA_UNIT == BACKEND_UNITS["llamacpp"]
+    assert layout.LLAMA_SERVER == LLAMA_UNIT == BACKEND_UNITS["llamacpp"]
     vllm = llamabench.host_plan("box", {"backend": "vllm"})
     assert vllm.error == "backend is vllm: llama-bench measures llama.cpp only"
 
 
 @pytest.mark.parametrize("mode", llamabench.SPLIT_MODES)
 def test_each_mode_runs_as_the_server_would(mode):
-    """The server's unit and flags for the mode (stages/backend.py) and llama-bench's agree:
+    """The server's unit and flags for the mode (stages/llamacpp.py) and llama-bench's agree:
     the same split, -ngl, -fa, even GPU weights, KV cache types and environment."""
-    from gpubox.stages.backend import llama_args, llama_environment
+    from gpubox.stages.llamacpp import llama_args, llama_environment
 
     config = load_host_config("box", {"llamacpp_split_mode": mode})
     plan = llamabench.host_plan("box", {"llamacpp_split_mode": mode})
     server = llama_args(config, plan.model)
-    mine = llamabench.argv_for(plan, mode)
+    mine = llamabench_host.argv_for(plan, mode)
 
     def value(args: list[str], flag: str) -> str | None:
         return args[args.index(flag) + 1] if flag in args else None
@@ -694,7 +678,7 @@ def test_each_mode_runs_as_the_server_would(mode):
     for flag in ("-m", "-sm", "-ngl", "-fa", "-ctk", "-ctv"):
         assert value(mine, flag) == value(server, flag), flag
     assert value(mine, "-ts") == value(server, "-ts").replace(",", "/")
-    env = llamabench.env_for(mode)
+    env = llamabench_host.env_for(mode)
     assert [f"{k}={v}" for k, v in env.items()] == llama_environment(config)
 
 
@@ -721,9 +705,11 @@ def test_the_options(capsys):
 
 
 def test_the_records_line_for_doctor():
-    result = llamabench.HostResult("box", "layer", modes(layer=65.04, row=81.25, tensor=None))
-    entry = llamabench.record_entry(result, date="2026-03-02T10:00:00+0000")
-    assert llamabench.summary_line(entry) == (
+    result = llamabench_results.HostResult(
+        "box", "layer", modes(layer=65.04, row=81.25, tensor=None)
+    )
+    entry = llamabench_results.record_entry(result, date="2026-03-02T10:00:00+0000")
+    assert llamabench_results.summary_line(entry) == (
         "llama-bench 2026-03-02 -sm layer: pp512 3000 tok/s, tg128 65.0 tok/s; "
         "-sm row: pp512 3000 tok/s, tg128 81.2 tok/s; -sm tensor failed (best: row)"
     )

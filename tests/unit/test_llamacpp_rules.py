@@ -4,17 +4,11 @@ defaults that fit the reference box, and what each split mode needs."""
 from __future__ import annotations
 
 import pytest
+from helpers import REFERENCE
 
 from gpubox import catalog
 from gpubox.config import KEYS_BY_NAME, load_host_config, validate
 
-REFERENCE = {
-    "gpu_model": "Tesla V100-SXM2-32GB",
-    "gpu_count": 2,
-    "nvlink": True,
-    "driver_branch": "570",
-    "cuda_version": "12.8",
-}
 MODEL = "qwen3-next-80b-a3b-thinking"
 # the sandbox's tiny model: a file of its own, not the catalog's thinking model
 TINY = {

@@ -10,12 +10,11 @@ import hashlib
 import os
 import re
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import model_plan, serving
 
 from gpubox import progress
 from gpubox.config import load_host_config, validate
@@ -29,15 +28,7 @@ BAD_SHA = hashlib.sha256(BAD).hexdigest()
 
 
 def plan(directory: Path, source: str = "hf", sha256: str | None = SHA) -> model_stage.ModelPlan:
-    return model_stage.ModelPlan(
-        source=source,
-        repo="gpubox/tiny-GGUF",
-        file="tiny.gguf",
-        url=None,
-        sha256=sha256,
-        size=None,
-        directory=str(directory),
-    )
+    return model_plan(directory, source=source, sha256=sha256)
 
 
 def fake_tool(tmp_path: Path, name: str, body: str) -> Path:
@@ -220,25 +211,8 @@ def hub_server(tmp_path: Path) -> Iterator[int]:
     readme = tmp_path / "README.md"
     readme.write_bytes(b"hello\n")
     repo = hub.make_repo("gpubox/tiny-GGUF", {"tiny.gguf": model, "README.md": readme})
-    handler = hub.handler_class({repo.repo_id: repo})
-    stop = threading.Event()
-    deadline = time.monotonic() + 60
-    port: list[int] = []
-    thread = threading.Thread(
-        target=hub.serve,
-        args=(handler, "127.0.0.1", 0),
-        kwargs={
-            "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
-            "ready": port.append,
-        },
-        daemon=True,
-    )
-    thread.start()
-    while not port and thread.is_alive():
-        time.sleep(0.01)
-    yield port[0]
-    stop.set()
-    thread.join(5)
+    with serving(hub.handler_class({repo.repo_id: repo})) as port:
+        yield port
 
 
 def announced(command: str | None) -> str:

@@ -1,5 +1,6 @@
 """gpubox.openai_shape: the answers of llama-server and vLLM to a request with a tool, whole and
-streamed, put together and judged the way the host check (tests/host/test_tools_api.py) does.
+streamed, put together and judged the way the checks backend.tool-call-whole and
+backend.tool-call-streamed (gpubox.checks.backend) do.
 
 The llama.cpp answers are recorded from llama-server b11312 (--jinja --reasoning-format
 deepseek) serving the sandbox's tiny model. The vLLM answers follow vLLM 0.19's OpenAI protocol

@@ -205,6 +205,20 @@ def tarball(top: str, files: dict[str, str]) -> bytes:
     return buf.getvalue()
 
 
+def curl_serving(tmp_path: Path, source: bytes) -> Path:
+    """A folder of shims (tmp_path/bin) whose curl "downloads" ``source`` to its -o path;
+    tmp_path/mode holds "ok" (the build shims read it)."""
+    (tmp_path / "src.tar.gz").write_bytes(source)
+    (tmp_path / "mode").write_text("ok")
+    shims = tmp_path / "bin"
+    script(
+        shims / "curl",
+        'while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+        f'cp {tmp_path}/src.tar.gz "$out"\n',
+    )
+    return shims
+
+
 @pytest.fixture
 def llama(tmp_path):
     """A llama.cpp build into tmp_path/opt with curl serving a source tarball and cmake
@@ -223,14 +237,7 @@ def llama(tmp_path):
             "ggml/src/ggml-cuda/gated_delta_net.cu": "\n",
         },
     )
-    (tmp_path / "src.tar.gz").write_bytes(source)
-    (tmp_path / "mode").write_text("ok")
-    shims = tmp_path / "bin"
-    script(
-        shims / "curl",
-        'while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
-        f'cp {tmp_path}/src.tar.gz "$out"\n',
-    )
+    shims = curl_serving(tmp_path, source)
     script(
         shims / "cmake",
         'if [ "$1" = -S ]; then mkdir -p "$4"; exit 0; fi\n'
@@ -345,14 +352,7 @@ def test_a_deleted_server_or_library_is_found_by_the_manifest(llama):
 @pytest.fixture
 def gpu_burn(tmp_path):
     source = tarball("gpu-burn-abc", {"Makefile": "gpu_burn:\n"})
-    (tmp_path / "src.tar.gz").write_bytes(source)
-    (tmp_path / "mode").write_text("ok")
-    shims = tmp_path / "bin"
-    script(
-        shims / "curl",
-        'while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
-        f'cp {tmp_path}/src.tar.gz "$out"\n',
-    )
+    shims = curl_serving(tmp_path, source)
     script(
         shims / "make",
         f'[ "$(cat {tmp_path}/mode)" = fail ] && {{ echo "nvcc: not found" >&2; exit 2; }}\n'

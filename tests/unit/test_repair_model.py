@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import model_plan
 
 from gpubox.stages import model as model_stage
 
@@ -48,15 +49,7 @@ def state(p: model_stage.ModelPlan) -> str:
 
 
 def hf_plan(directory: Path) -> model_stage.ModelPlan:
-    return model_stage.ModelPlan(
-        source="hf",
-        repo="example/tiny-GGUF",
-        file="tiny.gguf",
-        url=None,
-        sha256=SHA,
-        size=None,
-        directory=str(directory),
-    )
+    return model_plan(directory, repo="example/tiny-GGUF", sha256=SHA)
 
 
 def fake_hf(tmp_path: Path, body: str) -> tuple[Path, Path]:
@@ -129,15 +122,8 @@ def test_the_token_file_is_removed_when_the_file_was_intact(tmp_path):
 
 
 def url_plan(directory: Path, sha256: str | None = SHA, size: int | None = None):
-    return model_stage.ModelPlan(
-        source="url",
-        repo="",
-        file="tiny.gguf",
-        url="http://127.0.0.1:9/tiny.gguf",
-        sha256=sha256,
-        size=size,
-        directory=str(directory),
-    )
+    url = "http://127.0.0.1:9/tiny.gguf"
+    return model_plan(directory, source="url", repo="", url=url, sha256=sha256, size=size)
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ import http.client
 import json
 import subprocess
 import sys
-import threading
 import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import serving
 
 from gpubox.sandbox import hub, pypi
 
@@ -39,33 +39,15 @@ def served(tmp_path: Path) -> Iterator[dict]:
     repo = hub.make_repo("gpubox/tiny-GGUF", {"tiny.gguf": model, "README.md": readme})
     control = tmp_path / "control.json"
     log = tmp_path / "requests.jsonl"
-    handler = hub.handler_class({repo.repo_id: repo}, wheels, control, log)
-    stop = threading.Event()
-    deadline = time.monotonic() + 60
-    port: list[int] = []
-    thread = threading.Thread(
-        target=hub.serve,
-        args=(handler, "127.0.0.1", 0),
-        kwargs={
-            "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
-            "ready": port.append,
-        },
-        daemon=True,
-    )
-    thread.start()
-    while not port and thread.is_alive():
-        time.sleep(0.01)
-    yield {
-        "port": port[0],
-        "repo": repo,
-        "control": control,
-        "log": log,
-        "wheel": wheel,
-        "tmp": tmp_path,
-    }
-    stop.set()
-    thread.join(5)
-    assert not thread.is_alive()
+    with serving(hub.handler_class({repo.repo_id: repo}, wheels, control, log)) as port:
+        yield {
+            "port": port,
+            "repo": repo,
+            "control": control,
+            "log": log,
+            "wheel": wheel,
+            "tmp": tmp_path,
+        }
 
 
 def make_wheel(directory: Path, name: str, version: str) -> Path:

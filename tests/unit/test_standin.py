@@ -15,10 +15,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
+from helpers import V100_QUERY
 
 from gpubox import parsers
 from gpubox.sandbox import standin
@@ -249,22 +252,7 @@ def _eight_v100(tmp_path: Path) -> Box:
     nvlink = fixture("nvidia-smi/nvlink-s_8xV100-SXM2-32GB_580.173.02.txt")
     uuids = re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)", nvlink)
     csv = parsers.parse_query_gpu(
-        fixture("nvidia-smi/query-gpu_csv-noheader_8xV100-SXM2-32GB_580.173.02.txt"),
-        [
-            "index",
-            "name",
-            "memory.total",
-            "compute_cap",
-            "driver_version",
-            "pci.bus_id",
-            "pcie.link.gen.max",
-            "pcie.link.gen.current",
-            "pcie.link.width.max",
-            "pcie.link.width.current",
-            "power.limit",
-            "persistence_mode",
-            "ecc.mode.current",
-        ],
+        fixture("nvidia-smi/query-gpu_csv-noheader_8xV100-SXM2-32GB_580.173.02.txt"), V100_QUERY
     )
     topo = parsers.parse_topo_matrix(fixture("nvidia-smi/topo-m_8xV100-SXM2-32GB_580.173.02.txt"))
     gpus = [
@@ -605,14 +593,18 @@ class DcgmBox(Box):
         else:
             marker.unlink(missing_ok=True)
 
-    def dcgmi(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def tool(self, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """The stand-in ``name`` run with ``args`` to its end (30 s at most), output captured."""
         return subprocess.run(
-            [sys.executable, str(self.bin / "dcgmi"), *args],
+            [sys.executable, str(self.bin / name), *args],
             env=self.env(),
             capture_output=True,
             text=True,
             timeout=30,
         )
+
+    def dcgmi(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.tool("dcgmi", *args)
 
     def dcgmi_ok(self, *args: str) -> str:
         result = self.dcgmi(*args)
@@ -954,13 +946,25 @@ def _start_hostengine(box: DcgmBox, *args: str) -> subprocess.Popen[str]:
     return proc
 
 
+@contextmanager
+def _hostengine(box: DcgmBox, *args: str) -> Iterator[tuple[subprocess.Popen[str], IO[str]]]:
+    """nv-hostengine started with ``args``, and its stdout; stopped by SIGTERM (and waited for,
+    30 s at most) when the block ends."""
+    proc = _start_hostengine(box, *args)
+    assert proc.stdout is not None
+    try:
+        yield proc, proc.stdout
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
 def test_nv_hostengine_listens_marks_and_stops_on_sigterm(tmp_path: Path):
     box = DcgmBox(tmp_path)
     port = _free_port()
-    proc = _start_hostengine(box, "-n", "--service-account", "nvidia-dcgm", "-p", str(port))
-    assert proc.stdout is not None
-    try:
-        line = proc.stdout.readline()
+    args = ("-n", "--service-account", "nvidia-dcgm", "-p", str(port))
+    with _hostengine(box, *args) as (proc, stdout):
+        line = stdout.readline()
         assert line == f"Started host engine version 4.4.1 using port number: {port} \n"
         marker = (box.run / st.HOSTENGINE_FILE).read_text().split()
         assert marker == [str(proc.pid), f"127.0.0.1:{port}"]
@@ -971,9 +975,6 @@ def test_nv_hostengine_listens_marks_and_stops_on_sigterm(tmp_path: Path):
         second = _start_hostengine(box, "-n", "-p", str(port))
         out, _ = second.communicate(timeout=30)
         assert (second.returncode, out) == (255, "Err: Failed to start DCGM Server: -7\n")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert not (box.run / st.HOSTENGINE_FILE).exists()
     assert box.dcgmi("discovery", "-l").returncode == 235
@@ -982,29 +983,18 @@ def test_nv_hostengine_listens_marks_and_stops_on_sigterm(tmp_path: Path):
 def test_nv_hostengine_bind_all_and_unix_socket(tmp_path: Path):
     box = DcgmBox(tmp_path)
     port = _free_port()
-    proc = _start_hostengine(box, "-n", "-b", "ALL", "-p", str(port))
-    assert proc.stdout is not None
-    try:
-        proc.stdout.readline()
+    with _hostengine(box, "-n", "-b", "ALL", "-p", str(port)) as (_, stdout):
+        stdout.readline()
         assert (box.run / st.HOSTENGINE_FILE).read_text().split()[1] == f"*:{port}"
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
     path = tmp_path / "he.sock"
-    proc = _start_hostengine(box, "-n", "-d", str(path))
-    assert proc.stdout is not None
-    try:
+    with _hostengine(box, "-n", "-d", str(path)) as (proc, stdout):
         assert (
-            proc.stdout.readline()
-            == f"Started host engine version 4.4.1 using socket path: {path} \n"
+            stdout.readline() == f"Started host engine version 4.4.1 using socket path: {path} \n"
         )
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(str(path))
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
     assert proc.returncode == 0 and not path.exists()
 
 
@@ -1012,46 +1002,21 @@ def test_nv_hostengine_daemon_and_term(tmp_path: Path):
     box = DcgmBox(tmp_path)
     pidfile = tmp_path / "nvhostengine.pid"
     port = str(_free_port())
-    run = [sys.executable, str(box.bin / "nv-hostengine")]
-    started = subprocess.run(
-        [*run, "-p", port, "--pid", str(pidfile)],
-        env=box.env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    started = box.tool("nv-hostengine", "-p", port, "--pid", str(pidfile))
     assert started.returncode == 0
     assert started.stdout == f"Started host engine version 4.4.1 using port number: {port} \n"
     pid = int(pidfile.read_text())
     assert (box.run / st.HOSTENGINE_FILE).read_text().split()[0] == str(pid)
-    again = subprocess.run(
-        [*run, "-p", port, "--pid", str(pidfile)],
-        env=box.env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    again = box.tool("nv-hostengine", "-p", port, "--pid", str(pidfile))
     assert (again.returncode, again.stdout) == (1, f"Host engine already running with pid {pid}\n")
-    stop = subprocess.run(
-        [*run, "-t", "--pid", str(pidfile)],
-        env=box.env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    stop = box.tool("nv-hostengine", "-t", "--pid", str(pidfile))
     assert stop.stdout == "Host engine successfully terminated.\n"
     assert not (box.run / st.HOSTENGINE_FILE).exists()
 
 
 def test_nv_hostengine_bad_arguments(tmp_path: Path):
     box = DcgmBox(tmp_path)
-    result = subprocess.run(
-        [sys.executable, str(box.bin / "nv-hostengine"), "-n", "--bogus"],
-        env=box.env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = box.tool("nv-hostengine", "-n", "--bogus")
     assert result.returncode == 255
     assert "nv-hostengine failed to parse command line arguments" in result.stderr
 

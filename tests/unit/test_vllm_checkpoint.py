@@ -12,12 +12,11 @@ import json
 import re
 import shlex
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import serving
 
 from gpubox import progress
 from gpubox.sandbox import hub
@@ -241,25 +240,8 @@ def hub_server(tmp_path: Path) -> Iterator[tuple[int, hub.HubRepo]]:
         path.write_bytes(b"x" * size)
         files[name] = path
     repo = hub.make_repo(REPO, files)
-    handler = hub.handler_class({repo.repo_id: repo})
-    stop = threading.Event()
-    deadline = time.monotonic() + 60
-    port: list[int] = []
-    thread = threading.Thread(
-        target=hub.serve,
-        args=(handler, "127.0.0.1", 0),
-        kwargs={
-            "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
-            "ready": port.append,
-        },
-        daemon=True,
-    )
-    thread.start()
-    while not port and thread.is_alive():
-        time.sleep(0.01)
-    yield port[0], repo
-    stop.set()
-    thread.join(5)
+    with serving(hub.handler_class({repo.repo_id: repo})) as port:
+        yield port, repo
 
 
 def test_the_hubs_listing_gives_the_commit_and_the_sizes(hub_server):

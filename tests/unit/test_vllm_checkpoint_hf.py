@@ -18,13 +18,12 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import serving
 
 from gpubox import catalog, progress
 from gpubox.sandbox import hub, pypi
@@ -100,29 +99,13 @@ def served(tmp_path: Path) -> Iterator[dict]:
     control = tmp_path / "control.json"
     control.write_text(json.dumps({"rate": 2**20}))  # bytes/s, per download
     handler = tree_handler(hub.handler_class({REPO: repo}, control=control, request_log=log))
-    stop = threading.Event()
-    deadline = time.monotonic() + 60
-    port: list[int] = []
-    thread = threading.Thread(
-        target=hub.serve,
-        args=(handler, "127.0.0.1", 0),
-        kwargs={
-            "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
-            "ready": port.append,
-        },
-        daemon=True,
-    )
-    thread.start()
-    while not port and thread.is_alive():
-        time.sleep(0.01)
-    yield {
-        "endpoint": f"http://127.0.0.1:{port[0]}",
-        "repo": repo,
-        "contents": contents,
-        "log": log,
-    }
-    stop.set()
-    thread.join(5)
+    with serving(handler) as port:
+        yield {
+            "endpoint": f"http://127.0.0.1:{port}",
+            "repo": repo,
+            "contents": contents,
+            "log": log,
+        }
 
 
 def sh(command: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:

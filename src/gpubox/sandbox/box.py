@@ -42,15 +42,24 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpubox.sandbox.common import (
+    HUB_PORT,
+    SUITE,
+    SandboxError,
+    SandboxNotUp,
+    cache_dir,
+    debian_mirror,
+    host_apt_sources,
+    process_start_time,
+)
+
 NAME = "gpubox-sandbox"  # machine name, network namespace, ssh host alias, hostname
 NETNS_PATH = Path("/run/netns") / NAME
 SSH_PORT = 2222
 SSH_USER = "root"
 SSH_HOST = "127.0.0.1"
 REPO_PORT = 8765
-HUB_PORT = 8766  # the Hugging Face Hub and PyPI mirror (hub.py)
 REPO_DISTRO = "debian12"
-SUITE = "bookworm"
 # A fresh Debian install enables main only; the deploy enables contrib itself.
 DEBIAN_COMPONENTS = "main"
 DEBOOTSTRAP_VARIANT = "minbase"
@@ -109,14 +118,6 @@ UseDNS no
 """
 
 
-class SandboxError(RuntimeError):
-    """A sandbox operation failed; the message says what to do."""
-
-
-class SandboxNotUp(SandboxError):
-    pass
-
-
 Progress = Callable[[str], None]
 
 
@@ -129,12 +130,6 @@ def _quiet(message: str) -> None:
 
 
 # --------------------------------------------------------------------------- paths
-
-
-def cache_dir() -> Path:
-    """Rootfs and repository caches: $GPUBOX_CACHE_DIR or ~/.cache/gpubox."""
-    env = os.environ.get("GPUBOX_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "gpubox"
 
 
 def state_dir() -> Path:
@@ -167,23 +162,10 @@ def _child_env() -> dict[str, str]:
 # --------------------------------------------------------------------------- processes
 
 
-def _start_time(pid: int) -> int | None:
-    """The kernel start time of a process (field 22 of /proc/PID/stat), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name may hold spaces and parentheses: split after the last ')'
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
-
-
 def _alive(record: dict[str, int] | None) -> bool:
     if not record:
         return False
-    return _start_time(record["pid"]) == record["start_time"]
+    return process_start_time(record["pid"]) == record["start_time"]
 
 
 def _signal(record: dict[str, int] | None, sig: int) -> bool:
@@ -229,12 +211,23 @@ def _spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) ->
             close_fds=True,
             env=env,
         )
-    start = _start_time(proc.pid)
+    start = process_start_time(proc.pid)
     if start is None:
         proc.wait()
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-5:])
         raise SandboxError(f"{' '.join(argv)} exited at once ({proc.returncode}); {log}:\n{tail}")
     return {"pid": proc.pid, "start_time": start}
+
+
+def _spawn_server(
+    sdir: Path, module: str, args: Sequence[str], supervisor: dict[str, int]
+) -> dict[str, int]:
+    """``gpubox.sandbox.MODULE serve ARGS`` (repo.py, hub.py) in the box's network namespace,
+    logging to logs/MODULE-server.log; it exits when ``supervisor`` is gone."""
+    argv = [sys.executable, "-c", _HELPER.format(module=module), "serve", *args]
+    argv += ["--watch-pid", str(supervisor["pid"])]
+    argv += ["--watch-start-time", str(supervisor["start_time"])]
+    return _spawn(netns_argv(argv), sdir / "logs" / f"{module}-server.log", env=_child_env())
 
 
 def _namespace(pid: int, kind: str = "pid") -> str | None:
@@ -263,7 +256,7 @@ def _box_init(nspawn: dict[str, int] | None) -> dict[str, int] | None:
     while todo:
         pid = todo.pop(0)
         ns = _namespace(pid)
-        start = _start_time(pid)
+        start = process_start_time(pid)
         if ns is not None and ns != host and start is not None:
             return {"pid": pid, "start_time": start}
         todo.extend(children.get(pid, []))
@@ -324,66 +317,6 @@ def check_host() -> None:
 
 
 # --------------------------------------------------------------------------- Debian mirror
-
-
-def _deb822_stanzas(text: str) -> list[dict[str, str]]:
-    stanzas: list[dict[str, str]] = []
-    current: dict[str, str] = {}
-    key: str | None = None
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        if not line.strip():
-            if current:
-                stanzas.append(current)
-            current, key = {}, None
-            continue
-        if line[0] in " \t" and key:
-            current[key] += " " + line.strip()
-            continue
-        if ":" in line:
-            key, value = line.split(":", 1)
-            key = key.strip().lower()
-            current[key] = value.strip()
-    if current:
-        stanzas.append(current)
-    return stanzas
-
-
-def host_apt_sources() -> list[tuple[str, str]]:
-    """(URI, suite) pairs of the host's enabled ``deb`` sources."""
-    pairs: list[tuple[str, str]] = []
-    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
-        with contextlib.suppress(OSError):
-            for stanza in _deb822_stanzas(path.read_text()):
-                if stanza.get("enabled", "yes").lower() == "no":
-                    continue
-                if "deb" not in stanza.get("types", "").split():
-                    continue
-                for uri in stanza.get("uris", "").split():
-                    pairs.extend((uri, suite) for suite in stanza.get("suites", "").split())
-    lists = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list"))]
-    for path in lists:
-        with contextlib.suppress(OSError):
-            for line in path.read_text().splitlines():
-                words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
-                if len(words) >= 3 and words[0] == "deb":
-                    pairs.append((words[1], words[2]))
-    return pairs
-
-
-def debian_mirror() -> str:
-    """The Debian mirror URL: $GPUBOX_DEBIAN_MIRROR, else the host's apt source for bookworm."""
-    env = os.environ.get("GPUBOX_DEBIAN_MIRROR")
-    if env:
-        return env.rstrip("/")
-    for uri, suite in host_apt_sources():
-        if suite == SUITE:
-            return uri.rstrip("/")
-    raise SandboxError(
-        f"no Debian mirror found: the host's apt sources have no '{SUITE}' entry; "
-        "set GPUBOX_DEBIAN_MIRROR (e.g. the URL your /etc/apt/sources.list uses)"
-    )
 
 
 def _security_mirror(mirror: str) -> str | None:
@@ -521,6 +454,17 @@ def ensure_rootfs(rebuild: bool = False, progress: Progress = _stderr_progress) 
     return pristine
 
 
+def _remove_detached(path: Path) -> None:
+    """``rm -rf`` of ``path`` (not crossing into other file systems) in a detached process."""
+    subprocess.Popen(
+        ["rm", "-rf", "--one-file-system", str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 def _delete_in_background(path: Path, trash_parent: Path) -> None:
     """Move ``path`` aside and delete it in a detached process (deleting takes long)."""
     trash = trash_parent / f".trash-{path.name}-{secrets.token_hex(4)}"
@@ -528,13 +472,7 @@ def _delete_in_background(path: Path, trash_parent: Path) -> None:
         path.rename(trash)
     except OSError:
         return
-    subprocess.Popen(
-        ["rm", "-rf", "--one-file-system", str(trash)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    _remove_detached(trash)
 
 
 def _clean_old_boxes(boxes: Path, keep: Path) -> None:
@@ -544,13 +482,7 @@ def _clean_old_boxes(boxes: Path, keep: Path) -> None:
         if old.is_dir() and not mounts_under(old):
             _delete_in_background(old, boxes)
     for trash in boxes.glob(".trash-*"):  # an interrupted earlier deletion
-        subprocess.Popen(
-            ["rm", "-rf", "--one-file-system", str(trash)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        _remove_detached(trash)
 
 
 def _prepare_box_rootfs(root: Path, mirror: str, pubkey: str) -> None:
@@ -947,7 +879,7 @@ def _supervise(sdir: Path) -> int:
         boots += 1
         record: dict[str, Any] = {
             "pid": proc.pid,
-            "start_time": _start_time(proc.pid) or 0,
+            "start_time": process_start_time(proc.pid) or 0,
             "boot": boots,
         }
         _write_nspawn_record(sdir, record)
@@ -1172,28 +1104,19 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
             env=_child_env(),
         )
         _write_state(sdir, state)
-        procs["repo_server"] = _spawn(
-            netns_argv(
-                [
-                    sys.executable,
-                    "-c",
-                    _HELPER.format(module="repo"),
-                    "serve",
-                    "--root",
-                    str(repo),
-                    "--bind",
-                    "127.0.0.1",
-                    "--port",
-                    str(REPO_PORT),
-                    "--watch-pid",
-                    str(procs["supervisor"]["pid"]),
-                    "--watch-start-time",
-                    str(procs["supervisor"]["start_time"]),
-                    *(f"--file={url_path}={path}" for url_path, path in served.items()),
-                ]
-            ),
-            sdir / "logs" / "repo-server.log",
-            env=_child_env(),
+        procs["repo_server"] = _spawn_server(
+            sdir,
+            "repo",
+            [
+                "--root",
+                str(repo),
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(REPO_PORT),
+                *(f"--file={url_path}={path}" for url_path, path in served.items()),
+            ],
+            procs["supervisor"],
         )
         _write_state(sdir, state)
         _wait_for(
@@ -1207,23 +1130,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
             "the stand-in repository server",
         )
         # the Hugging Face Hub and PyPI mirror (hub.py), which exits with the supervisor too
-        procs["hub_server"] = _spawn(
-            netns_argv(
-                [
-                    sys.executable,
-                    "-c",
-                    _HELPER.format(module="hub"),
-                    "serve",
-                    *hub_args,
-                    "--watch-pid",
-                    str(procs["supervisor"]["pid"]),
-                    "--watch-start-time",
-                    str(procs["supervisor"]["start_time"]),
-                ]
-            ),
-            sdir / "logs" / "hub-server.log",
-            env=_child_env(),
-        )
+        procs["hub_server"] = _spawn_server(sdir, "hub", hub_args, procs["supervisor"])
         _write_state(sdir, state)
         _wait_for(lambda: _listening(procs["hub_server"], HUB_PORT), 10, "the Hub and PyPI mirror")
         _wait_for(lambda: _nspawn_record(sdir) is not None, 10, "systemd-nspawn to start")
@@ -1387,6 +1294,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _supervise(Path(args[1]))
     print("usage: python -m gpubox.sandbox.box supervise STATE_DIR", file=sys.stderr)
     return 2
+
+
+def plant_kernel(
+    version: str,
+    headers: bool = True,
+    run_hooks: bool = True,
+    info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Plant a second stand-in kernel in the running box, as if a kernel update had installed
+    ``linux-image-<version>`` (and ``linux-headers-<version>`` with ``headers``). With
+    ``run_hooks`` it then runs what those packages' postinst scripts run for DKMS:
+    ``run-parts --arg=<version> /etc/kernel/header_postinst.d`` (headers) and DKMS's
+    ``/etc/kernel/postinst.d/dkms <version> /boot/vmlinuz-<version>`` (image; the other image
+    hooks, such as initramfs-tools', are not run for a stand-in kernel). Returns what was
+    planted and the hooks' output; afterwards ``dkms status`` in the box shows whether the
+    NVIDIA module was built for the new kernel (only with its headers)."""
+    from gpubox.sandbox import kernel
+
+    info = info or box_info()
+    kernel.check_version(version)
+    root = Path(info["rootfs"])
+    written = kernel.install_kernel(root, version, headers)
+    out: dict[str, Any] = {"version": version, "headers": headers, "files": written, "hooks": []}
+    if run_hooks:
+        commands = []
+        if headers:
+            commands.append(
+                "if [ -d /etc/kernel/header_postinst.d ]; then run-parts --report "
+                f"--exit-on-error --arg={version} /etc/kernel/header_postinst.d; fi"
+            )
+        commands.append(
+            "if [ -x /etc/kernel/postinst.d/dkms ]; then /etc/kernel/postinst.d/dkms "
+            f"{version} /boot/vmlinuz-{version}; fi"
+        )
+        for command in commands:
+            result = ssh(command, check=False, timeout=600, info=info)
+            out["hooks"].append(
+                {
+                    "command": command,
+                    "returncode": result.returncode,
+                    "output": result.stdout + result.stderr,
+                }
+            )
+            if result.returncode != 0:
+                raise SandboxError(
+                    f"in the box: the kernel hook for {version} failed "
+                    f"({result.returncode}): {command}\n{result.stderr}{result.stdout}"
+                )
+    return out
 
 
 if __name__ == "__main__":

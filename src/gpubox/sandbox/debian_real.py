@@ -377,7 +377,7 @@ def cache_key() -> str:
 
 
 def default_base() -> Path:
-    from gpubox.sandbox import box
+    from gpubox.sandbox import common as box
 
     return box.cache_dir() / "debian-real"
 
@@ -387,7 +387,7 @@ def debian_sources(mirror: str | None = None, security: str | None = None) -> li
     (bookworm, bookworm-updates) and the host's bookworm-security source (or
     $GPUBOX_DEBIAN_SECURITY_MIRROR, or the mirror's ``-security`` sibling by Debian's
     convention), components main contrib non-free non-free-firmware."""
-    from gpubox.sandbox import box
+    from gpubox.sandbox import common as box
 
     mirror = (mirror or box.debian_mirror()).rstrip("/")
     if security is None:

@@ -46,8 +46,6 @@ import datetime
 import hashlib
 import json
 import os
-import re
-import signal
 import socket
 import sys
 import threading
@@ -55,12 +53,12 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gpubox.sandbox.box import HUB_PORT
+from gpubox.sandbox.common import HUB_PORT
 from gpubox.sandbox.pypi import SimpleIndex
+from gpubox.sandbox.serve import StderrLog, file_arguments, parse_range, serve_until_stopped
 
 REPO_ID = "gpubox/tiny-GGUF"  # where the sandbox's tiny model is published
 REVISION = "main"
@@ -79,8 +77,6 @@ LARGE_FILE_SIZE = 32 * 2**20
 LARGE_FILE_SEED = b"gpubox-hub-large-test-1"
 # What the Hub answers for the harness registry huggingface_hub's CLI fetches (best effort).
 AGENT_HARNESSES: dict[str, Any] = {"standardEnvVars": [], "harnesses": {}}
-
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
 @dataclass(frozen=True)
@@ -235,23 +231,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- the handler
 
 
-def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
-    """(start, end) of a single byte range; None to answer the whole file (no Range, or one
-    this server does not take, such as several ranges); "unsatisfiable" for a 416."""
-    match = _RANGE.fullmatch(header.strip()) if header else None
-    if not match or not (match[1] or match[2]):
-        return None
-    if match[1]:
-        start = int(match[1])
-        end = min(int(match[2]), size - 1) if match[2] else size - 1
-    else:
-        start, end = max(0, size - int(match[2])), size - 1
-    if start >= size or start > end:
-        return "unsatisfiable"
-    return start, end
-
-
-class HubHandler(BaseHTTPRequestHandler):
+class HubHandler(StderrLog):
     protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects of the Hub
     server_version = "gpubox-sandbox-hub"
     timeout = 120  # seconds a connection may stall (an idle keep-alive one ends too)
@@ -259,10 +239,6 @@ class HubHandler(BaseHTTPRequestHandler):
     pypi: SimpleIndex | None = None
     control: Control = Control(None)
     requests: RequestLog = RequestLog(None)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {self.address_string()} {format % args}\n")
-        sys.stderr.flush()
 
     def do_HEAD(self) -> None:
         self._route(body=False)
@@ -516,15 +492,6 @@ def handler_class(
     )
 
 
-def _same_process(pid: int, start_time: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[0] != "Z" and int(fields[19]) == start_time
-
-
 def serve(
     handler: type[HubHandler],
     bind: str,
@@ -536,35 +503,15 @@ def serve(
     """Serve until SIGTERM (in the main thread), ``should_stop()``, or until the watched
     process (the box's supervisor) is gone; polls every second, so the loop always ends.
     ``ready`` gets the bound port (``port`` 0: one the kernel picks)."""
-    stop = False
 
-    def on_term(signum: int, frame: Any) -> None:
-        nonlocal stop
-        stop = True
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_term)
-        signal.signal(signal.SIGINT, on_term)
-    ThreadingHTTPServer.allow_reuse_address = True
-    with ThreadingHTTPServer((bind, port), handler) as httpd:
-        httpd.daemon_threads = True
-        httpd.timeout = 1.0
-        bound = httpd.server_address[1]
-        print(
-            f"{time.strftime('%H:%M:%S')} hub on http://{bind}:{bound}/: "
+    def describe(bound: int) -> str:
+        return (
+            f"hub on http://{bind}:{bound}/: "
             + ", ".join(sorted(handler.repos))
-            + (" and a PyPI index at /pypi/simple/" if handler.pypi else ""),
-            file=sys.stderr,
-            flush=True,
+            + (" and a PyPI index at /pypi/simple/" if handler.pypi else "")
         )
-        ready(bound)
-        while not stop and not should_stop():
-            if watch and not _same_process(*watch):
-                print("the box's supervisor is gone: stopping", file=sys.stderr, flush=True)
-                break
-            with contextlib.suppress(InterruptedError):
-                httpd.handle_request()
-    return 0
+
+    return serve_until_stopped(handler, bind, port, describe, watch, should_stop, ready)
 
 
 def prepare(
@@ -634,13 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.bind not in ("127.0.0.1", "::1", "localhost"):
         parser.error("the hub binds loopback only")
-    files = {}
-    for spec in args.file:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            parser.error(f"--file wants NAME=FILE, not {spec!r}")
-        files[name] = Path(path)
-    repos = {args.repo: make_repo(args.repo, files)}
+    repos = {args.repo: make_repo(args.repo, file_arguments(parser, args.file, "NAME=FILE"))}
     handler = handler_class(repos, args.pypi, args.control, args.request_log)
     watch = (args.watch_pid, args.watch_start_time) if args.watch_pid else None
     return serve(handler, args.bind, args.port, watch)

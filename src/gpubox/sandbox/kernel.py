@@ -15,7 +15,7 @@ setup), laid out like Debian's packages lay them out:
   that refuses to build anything, and the ``build`` link in ``/lib/modules/<kernel>/``.
 
 The stand-in NVIDIA module source (repo.py, STANDINS.md) builds against any such tree without
-compiling. ``plant_kernel`` adds a second stand-in kernel to a running box and runs DKMS's
+compiling. ``box.plant_kernel`` adds a second stand-in kernel to a running box and runs DKMS's
 kernel hooks as the kernel packages' postinst scripts would: the lead's kernel-update test.
 Nothing here is ever shipped to a real box.
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 _VERSION = re.compile(r"^[0-9][A-Za-z0-9.+_~-]*$")
 
@@ -114,52 +113,3 @@ def install_kernel(root: Path, version: str, headers: bool = True) -> list[str]:
         build.symlink_to(f"/usr/src/linux-headers-{version}")
         written.append(f"/lib/modules/{version}/build")
     return written
-
-
-def plant_kernel(
-    version: str,
-    headers: bool = True,
-    run_hooks: bool = True,
-    info: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Plant a second stand-in kernel in the running box, as if a kernel update had installed
-    ``linux-image-<version>`` (and ``linux-headers-<version>`` with ``headers``). With
-    ``run_hooks`` it then runs what those packages' postinst scripts run for DKMS:
-    ``run-parts --arg=<version> /etc/kernel/header_postinst.d`` (headers) and DKMS's
-    ``/etc/kernel/postinst.d/dkms <version> /boot/vmlinuz-<version>`` (image; the other image
-    hooks, such as initramfs-tools', are not run for a stand-in kernel). Returns what was
-    planted and the hooks' output; afterwards ``dkms status`` in the box shows whether the
-    NVIDIA module was built for the new kernel (only with its headers)."""
-    from gpubox.sandbox import box
-
-    info = info or box.box_info()
-    check_version(version)
-    root = Path(info["rootfs"])
-    written = install_kernel(root, version, headers)
-    out: dict[str, Any] = {"version": version, "headers": headers, "files": written, "hooks": []}
-    if run_hooks:
-        commands = []
-        if headers:
-            commands.append(
-                "if [ -d /etc/kernel/header_postinst.d ]; then run-parts --report "
-                f"--exit-on-error --arg={version} /etc/kernel/header_postinst.d; fi"
-            )
-        commands.append(
-            "if [ -x /etc/kernel/postinst.d/dkms ]; then /etc/kernel/postinst.d/dkms "
-            f"{version} /boot/vmlinuz-{version}; fi"
-        )
-        for command in commands:
-            result = box.ssh(command, check=False, timeout=600, info=info)
-            out["hooks"].append(
-                {
-                    "command": command,
-                    "returncode": result.returncode,
-                    "output": result.stdout + result.stderr,
-                }
-            )
-            if result.returncode != 0:
-                raise box.SandboxError(
-                    f"in the box: the kernel hook for {version} failed "
-                    f"({result.returncode}): {command}\n{result.stderr}{result.stdout}"
-                )
-    return out

@@ -60,7 +60,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -74,6 +73,7 @@ from typing import Any
 
 from gpubox import catalog
 from gpubox.sandbox import debian_real, standin
+from gpubox.sandbox.serve import StderrLog, file_arguments, parse_range, serve_until_stopped
 
 PACKAGES_DIR = Path(__file__).parent / "packages"
 DISTRO = "debian12"
@@ -1329,17 +1329,10 @@ class _Range:
         self._f.close()
 
 
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
-
-
-class _Handler(http.server.SimpleHTTPRequestHandler):
+class _Handler(StderrLog, http.server.SimpleHTTPRequestHandler):
     # URL path (no leading slash) -> a file served there from outside the root (the llama.cpp
     # tarball and the tiny model live in caches of their own)
     files: dict[str, str] = {}
-
-    def log_message(self, format: str, *args: Any) -> None:
-        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {self.address_string()} {format % args}\n")
-        sys.stderr.flush()
 
     def translate_path(self, path: str) -> str:
         url_path = urllib.parse.unquote(urllib.parse.urlsplit(path).path).lstrip("/")
@@ -1350,25 +1343,21 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def send_head(self) -> Any:
         """Single byte ranges (``Range: bytes=N-``, ``N-M``, ``-N``), as GitHub's and Hugging
         Face's servers answer them, so that a resumed download (curl -C -) works here too."""
-        header = self.headers.get("Range")
         path = self.translate_path(self.path)
-        match = _RANGE.fullmatch(header.strip()) if header else None
-        if not match or not (match[1] or match[2]) or not os.path.isfile(path):
+        if not os.path.isfile(path):
             return super().send_head()
-        f = open(path, "rb")  # noqa: SIM115 (the caller closes it)
-        size = os.fstat(f.fileno()).st_size
-        if match[1]:
-            start = int(match[1])
-            end = min(int(match[2]), size - 1) if match[2] else size - 1
-        else:
-            start, end = max(0, size - int(match[2])), size - 1
-        if start >= size or start > end:
-            f.close()
+        size = os.path.getsize(path)
+        span = parse_range(self.headers.get("Range"), size)
+        if span is None:
+            return super().send_head()
+        if not isinstance(span, tuple):
             self.send_response(416)
             self.send_header("Content-Range", f"bytes */{size}")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return None
+        start, end = span
+        f = open(path, "rb")  # noqa: SIM115 (the caller closes it)
         self.send_response(206)
         self.send_header("Content-Type", self.guess_type(path))
         self.send_header("Accept-Ranges", "bytes")
@@ -1377,15 +1366,6 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Last-Modified", self.date_time_string(int(os.fstat(f.fileno()).st_mtime)))
         self.end_headers()
         return _Range(f, start, end - start + 1)
-
-
-def _same_process(pid: int, start_time: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[0] != "Z" and int(fields[19]) == start_time
 
 
 def serve(
@@ -1398,34 +1378,13 @@ def serve(
     """Serve ``root`` (and ``files``: URL path -> file) until SIGTERM, or until the watched
     process (the box's supervisor) is gone. Requests are handled one at a time with a 1 s poll,
     so the loop always ends."""
-    stop = False
-
-    def on_term(signum: int, frame: Any) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
     handler_class = type(
         "Handler", (_Handler,), {"files": {k.lstrip("/"): str(v) for k, v in (files or {}).items()}}
     )
     handler = functools.partial(handler_class, directory=str(root))
-    http.server.ThreadingHTTPServer.allow_reuse_address = True
-    with http.server.ThreadingHTTPServer((bind, port), handler) as httpd:
-        httpd.daemon_threads = True
-        httpd.timeout = 1.0
-        print(
-            f"{time.strftime('%H:%M:%S')} serving {root} on http://{bind}:{port}/",
-            file=sys.stderr,
-            flush=True,
-        )
-        while not stop:
-            if watch and not _same_process(*watch):
-                print("the box's supervisor is gone: stopping", file=sys.stderr, flush=True)
-                break
-            with contextlib.suppress(InterruptedError):
-                httpd.handle_request()
-    return 0
+    return serve_until_stopped(
+        handler, bind, port, lambda bound: f"serving {root} on http://{bind}:{bound}/", watch
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1453,12 +1412,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(repo_facts(root, 8765), indent=1))
         return 0
     watch = (args.watch_pid, args.watch_start_time) if args.watch_pid else None
-    files = {}
-    for spec in args.file:
-        url_path, sep, path = spec.partition("=")
-        if not sep or not url_path or not path:
-            parser.error(f"--file wants URL_PATH=FILE, not {spec!r}")
-        files[url_path] = Path(path)
+    files = file_arguments(parser, args.file, "URL_PATH=FILE")
     return serve(args.root, args.bind, args.port, watch, files)
 
 

@@ -14,21 +14,17 @@ from typing import Any
 
 import jinja2
 from pyinfra import host, inventory
-from pyinfra.api.exceptions import PyinfraError
 
 from gpubox.config import HostConfig, Problem, Target, target_for, validate
+from gpubox.errors import DeployRefused
 
-__all__ = ["Target", "target_for"]
+__all__ = ["DeployRefused", "Target", "target_for"]
 
 # Shipped inside the package (package data), so an installed gpubox finds them as well as a
 # checkout does.
 PACKAGE = Path(__file__).resolve().parents[1]
 TEMPLATES = PACKAGE / "templates"
 FILES = PACKAGE / "files"
-
-
-class DeployRefused(PyinfraError):
-    """Raised before any operation is added: the inventory or the host is not fit."""
 
 
 def current_config() -> HostConfig:

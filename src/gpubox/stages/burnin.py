@@ -15,10 +15,8 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 
-from gpubox import parsers, preflight
+from gpubox import layout, parsers, preflight
 from gpubox.stages import current_config
-
-RECORD = "/var/lib/gpubox/burnin.json"
 
 
 def judge(gpu_count: int, burn: Any, burn_rc: int, diag: Any | None) -> list[str]:
@@ -101,13 +99,15 @@ def burn_in(gpu_count: int, seconds: int, doubles: bool, tensor_cores: bool, dcg
             "dcgm_diag": {"level": dcgm_level, "passed": bool(diag and diag.passed)},
             "problems": problems,
         }
-        host.run_shell_command(f"mkdir -p {shlex.quote(RECORD.rsplit('/', 1)[0])}", **sudo)
-        host.put_file(io.BytesIO((json.dumps(record, indent=2) + "\n").encode()), RECORD, **sudo)
+        host.run_shell_command(f"mkdir -p {shlex.quote(layout.STATE_DIR)}", **sudo)
+        host.put_file(
+            io.BytesIO((json.dumps(record, indent=2) + "\n").encode()), layout.BURNIN_RECORD, **sudo
+        )
         if problems:
             raise OperationError(
                 f"{host.name}: burn-in failed:\n  - "
                 + "\n  - ".join(problems)
-                + f"\n(recorded in {RECORD})"
+                + f"\n(recorded in {layout.BURNIN_RECORD})"
             )
         logger.info(f"{host.name}: burn-in passed on {gpu_count} GPU(s)")
 

@@ -14,18 +14,16 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import server
 
-from gpubox import operations, preflight
+from gpubox import layout, operations, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import FILES, ManagedFiles, current_config, render
+from gpubox.stages import FILES, ManagedFiles, current_config, render, units
 from gpubox.stages.apt_repo import apt_repo
-from gpubox.stages.docker import DAEMON_JSON, reload_docker
+from gpubox.stages.docker import reload_docker
+from gpubox.stages.packages import install_pinned
 
-PIN_FILE = "/etc/apt/preferences.d/90-gpubox-nvidia-container-toolkit"
-UDEV_RULE = "/etc/udev/rules.d/71-gpubox-nvidia-dev-char.rules"
-CDI_STAMP = "/var/lib/gpubox/cdi-driver-version"
 # What nvidia-ctk runtime configure writes.
 NVIDIA_RUNTIME = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
 
@@ -45,44 +43,41 @@ def container_toolkit() -> None:
 
     managed = ManagedFiles(
         {
-            PIN_FILE: render(
+            layout.TOOLKIT_PIN: render(
                 "apt-pin-exact.j2",
                 what="the NVIDIA Container Toolkit",
                 version=version,
                 packages=packages,
             ),
-            UDEV_RULE: (FILES / "71-gpubox-nvidia-dev-char.rules").read_text(),
+            layout.DEV_CHAR_UDEV_RULE: (FILES / "71-gpubox-nvidia-dev-char.rules").read_text(),
         }
     )
-    pin = managed.put("Pin the container toolkit to one version", PIN_FILE)
+    pin = managed.put("Pin the container toolkit to one version", layout.TOOLKIT_PIN)
     apt_repo(config, "nvidia_container_toolkit", target, "NVIDIA container toolkit", [pin])
-    installed = apt.packages(
-        name=f"Install the NVIDIA Container Toolkit {version}",
-        packages=[f"{name}={version}" for name in packages],
-        allow_downgrades=True,
-        extra_install_args="--allow-change-held-packages",
+    installed = install_pinned(
+        f"Install the NVIDIA Container Toolkit {version}",
+        packages,
+        version,
+        hold="Hold the container toolkit packages",
     )
-    operations.apt_hold(name="Hold the container toolkit packages", packages=packages)
 
     values, if_missing = runtime_settings(config)
     daemon = operations.json_file_merge(
         name="daemon.json: the nvidia runtime",
-        path=DAEMON_JSON,
+        path=layout.DAEMON_JSON,
         values=values,
         if_missing=if_missing,
     )
     # dockerd looks for nvidia-container-runtime-hook (its --gpus support) only when it starts.
-    systemd.service(
-        name="Restart Docker (the toolkit was installed or changed)",
-        service="docker",
-        restarted=True,
-        _if=installed.did_change,
+    units.restart_on_change(
+        layout.DOCKER, "Restart Docker (the toolkit was installed or changed)", installed
     )
     reload_docker(daemon, set(values) | set(if_missing), unless=installed)
 
     # Every value interpolated into a shell command is quoted: one word, whatever it holds.
     spec, version_word = shlex.quote(toolkit["cdi_spec"]), shlex.quote(config.driver_version)
-    stamp_word, stamp_dir = shlex.quote(CDI_STAMP), shlex.quote(posixpath.dirname(CDI_STAMP))
+    stamp_word = shlex.quote(layout.CDI_STAMP)
+    stamp_dir = shlex.quote(posixpath.dirname(layout.CDI_STAMP))
     stamp = host.get_fact(
         CommandOutput, command=f"cat {stamp_word} {spec} >/dev/null && cat {stamp_word}"
     ).strip()
@@ -94,7 +89,9 @@ def container_toolkit() -> None:
                 f"mkdir -p {stamp_dir} && printf '%s\\n' {version_word} > {stamp_word}",
             ],
         )
-    managed.put("/dev/char symlinks for NVIDIA devices at every driver load", UDEV_RULE)
+    managed.put(
+        "/dev/char symlinks for NVIDIA devices at every driver load", layout.DEV_CHAR_UDEV_RULE
+    )
     links = host.get_fact(
         CommandOutput,
         command='for d in /dev/nvidia[0-9]* /dev/nvidiactl; do [ -c "$d" ] || continue; '

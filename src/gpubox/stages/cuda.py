@@ -16,13 +16,14 @@ from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server
 
-from gpubox import operations, preflight, progress
+from gpubox import layout, operations, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.stages import ManagedFiles, Target, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
 
-PROFILE_FILE = "/etc/profile.d/gpubox-cuda.sh"
-LD_FILE = "/etc/ld.so.conf.d/gpubox-cuda.conf"
+# The paths under the names the plan tests use.
+PROFILE_FILE = layout.CUDA_PROFILE
+LD_FILE = layout.CUDA_LD_CONF
 
 # What a toolkit install must never pull in (checked with apt-get -s before installing). The
 # same pattern is handed to `grep -E`, so POSIX ERE only: no \d, no lazy or lookaround.
@@ -119,15 +120,17 @@ def cuda() -> None:
         name=f"Reinstall CUDA {config.cuda_version} packages missing a file (nvcc, libraries)",
         packages=list(p.repair_packages),
     )
-    managed = ManagedFiles({PROFILE_FILE: p.profile, LD_FILE: p.ld_conf})
-    managed.put(f"CUDA {config.cuda_version} on PATH for login shells", PROFILE_FILE)
-    ld = managed.put(f"CUDA {config.cuda_version} libraries in the linker path", LD_FILE)
+    managed = ManagedFiles({layout.CUDA_PROFILE: p.profile, layout.CUDA_LD_CONF: p.ld_conf})
+    managed.put(f"CUDA {config.cuda_version} on PATH for login shells", layout.CUDA_PROFILE)
+    ld = managed.put(
+        f"CUDA {config.cuda_version} libraries in the linker path", layout.CUDA_LD_CONF
+    )
     server.shell(
         name="ldconfig",
         commands=["ldconfig"],
         _if=lambda: ld.did_change() or repaired.did_change(),
     )
-    operations.cuda_symlink(name=f"/usr/local/cuda -> {p.prefix}", prefix=p.prefix)
+    operations.cuda_symlink(name=f"{layout.USR_LOCAL_CUDA} -> {p.prefix}", prefix=p.prefix)
 
 
 def _versions(installed: object) -> set[str]:

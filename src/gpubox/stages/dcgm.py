@@ -8,17 +8,15 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, server
 
-from gpubox import operations, preflight
+from gpubox import layout, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, current_config, render
+from gpubox.stages import ManagedFiles, current_config, render, units
 from gpubox.stages.nvidia_repo import nvidia_repo
+from gpubox.stages.packages import install_pinned
 
-PIN_FILE = "/etc/apt/preferences.d/90-gpubox-dcgm"
-DCGM_DROPIN = "/etc/systemd/system/nvidia-dcgm.service.d/gpubox.conf"
-EXPORTER_UNIT = "/etc/systemd/system/gpubox-dcgm-exporter.service"
 # Where nv-hostengine listens: the drop-in binds it to this address; the port is its default
 # (the drop-in sets no --port). dcgm-exporter connects here instead of embedding a second engine.
 HOSTENGINE_ADDRESS = "127.0.0.1"
@@ -48,39 +46,32 @@ def dcgm() -> None:
     packages, version = catalog["packages"], catalog["version"]
 
     files = {
-        PIN_FILE: render("apt-pin-exact.j2", what="DCGM", version=version, packages=packages),
-        DCGM_DROPIN: render("nvidia-dcgm.conf.j2", address=HOSTENGINE_ADDRESS),
+        layout.DCGM_PIN: render(
+            "apt-pin-exact.j2", what="DCGM", version=version, packages=packages
+        ),
+        layout.DCGM_DROPIN: render("nvidia-dcgm.conf.j2", address=HOSTENGINE_ADDRESS),
     }
     image = catalog["exporter_image"]
     if config.dcgm_exporter:
-        files[EXPORTER_UNIT] = exporter_unit(config)
+        files[layout.DCGM_EXPORTER_UNIT_FILE] = exporter_unit(config)
     managed = ManagedFiles(files)
-    pin = managed.put("Pin DCGM to one version", PIN_FILE)
+    pin = managed.put("Pin DCGM to one version", layout.DCGM_PIN)
     nvidia_repo(config, target, also_changed=[pin])
     apt.packages(
         name="Remove the legacy DCGM packages",
         packages=catalog["legacy_packages"],
         present=False,
     )
-    apt.packages(
-        name=f"Install DCGM {version} (with the profiling module)",
-        packages=[f"{name}={version}" for name in packages],
-        allow_downgrades=True,
-        extra_install_args="--allow-change-held-packages",
+    install_pinned(
+        f"Install DCGM {version} (with the profiling module)",
+        packages,
+        version,
+        hold="Hold the DCGM packages",
     )
-    operations.apt_hold(name="Hold the DCGM packages", packages=packages)
 
-    dropin = managed.put("nvidia-dcgm: the host engine on localhost only", DCGM_DROPIN)
-    systemd.daemon_reload(name="Reload systemd units (nvidia-dcgm)", _if=dropin.did_change)
-    systemd.service(
-        name="nvidia-dcgm running and enabled", service="nvidia-dcgm", running=True, enabled=True
-    )
-    systemd.service(
-        name="Restart nvidia-dcgm with its new settings",
-        service="nvidia-dcgm",
-        restarted=True,
-        _if=dropin.did_change,
-    )
+    dropin = managed.put("nvidia-dcgm: the host engine on localhost only", layout.DCGM_DROPIN)
+    units.reload_units(dropin, label="nvidia-dcgm")
+    units.keep_running(layout.DCGM, "nvidia-dcgm", dropin)
 
     if config.dcgm_exporter:
         present = host.get_fact(
@@ -91,17 +82,6 @@ def dcgm() -> None:
             server.shell(
                 name=f"Pull {image} (once)", commands=[f"docker pull {shlex.quote(image)}"]
             )
-        unit = managed.put("dcgm-exporter unit", EXPORTER_UNIT)
-        systemd.daemon_reload(name="Reload systemd units (dcgm-exporter)", _if=unit.did_change)
-        systemd.service(
-            name="dcgm-exporter running and enabled",
-            service="gpubox-dcgm-exporter",
-            running=True,
-            enabled=True,
-        )
-        systemd.service(
-            name="Restart dcgm-exporter with its new settings",
-            service="gpubox-dcgm-exporter",
-            restarted=True,
-            _if=unit.did_change,
-        )
+        unit = managed.put("dcgm-exporter unit", layout.DCGM_EXPORTER_UNIT_FILE)
+        units.reload_units(unit, label="dcgm-exporter")
+        units.keep_running(layout.DCGM_EXPORTER, "dcgm-exporter", unit)

@@ -13,13 +13,12 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
-from gpubox import operations, preflight
+from gpubox import layout, operations, preflight
 from gpubox.config import HostConfig, Target
 from gpubox.facts import DockerEngine
-from gpubox.stages import current_config
+from gpubox.stages import current_config, units
 from gpubox.stages.apt_repo import apt_repo, placeholders
 
-DAEMON_JSON = "/etc/docker/daemon.json"
 # daemon.json keys `systemctl reload docker` applies without restarting containers.
 RELOADABLE = {
     "runtimes",
@@ -92,9 +91,13 @@ def docker() -> None:
     daemon = None
     if p.daemon:
         daemon = operations.json_file_merge(
-            name=f"daemon.json: {', '.join(sorted(p.daemon))}", path=DAEMON_JSON, values=p.daemon
+            name=f"daemon.json: {', '.join(sorted(p.daemon))}",
+            path=layout.DAEMON_JSON,
+            values=p.daemon,
         )
-    systemd.service(name="Docker running and enabled", service="docker", running=True, enabled=True)
+    systemd.service(
+        name="Docker running and enabled", service=layout.DOCKER, running=True, enabled=True
+    )
     if daemon is not None:
         reload_docker(daemon, set(p.daemon))
 
@@ -103,16 +106,10 @@ def reload_docker(change: Any, keys: set[str], unless: Any = None) -> None:
     """Apply a daemon.json change: reload when Docker can take the keys live, else restart
     (nothing when the operation ``unless`` changed: Docker was restarted after it)."""
     live = keys <= RELOADABLE
-
-    def needed() -> bool:
-        return bool(change.did_change()) and not (unless is not None and unless.did_change())
-
-    systemd.service(
-        name="Reload Docker (daemon.json changed)"
-        if live
-        else "Restart Docker (daemon.json changed)",
-        service="docker",
-        reloaded=live,
-        restarted=not live,
-        _if=needed,
+    units.restart_on_change(
+        layout.DOCKER,
+        f"{'Reload' if live else 'Restart'} Docker (daemon.json changed)",
+        change,
+        unless=unless,
+        reload=live,
     )

@@ -10,24 +10,26 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import KernelVersion
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, server
 
-from gpubox import driver_plan, kernels, offers, operations, preflight
+from gpubox import driver_plan, kernels, layout, offers, operations, preflight
 from gpubox.facts import CommandOutput, KernelModuleLoaded, LoadedDriver
-from gpubox.stages import FILES, ManagedFiles, current_config, render
+from gpubox.stages import FILES, ManagedFiles, current_config, render, units
 from gpubox.stages.nvidia_repo import nvidia_repo
+from gpubox.stages.packages import install_pinned
 
-PIN_FILE = "/etc/apt/preferences.d/90-gpubox-nvidia-driver"
-UNATTENDED_FILE = "/etc/apt/apt.conf.d/51gpubox-nvidia-driver"
-NOUVEAU_FILE = "/etc/modprobe.d/gpubox-blacklist-nouveau.conf"
-PERSISTENCED_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/gpubox.conf"
+# The paths under the names the plan tests use.
+PIN_FILE = layout.DRIVER_PIN
+UNATTENDED_FILE = layout.UNATTENDED_BLACKLIST
+NOUVEAU_FILE = layout.NOUVEAU_BLACKLIST
+PERSISTENCED_DROPIN = layout.PERSISTENCED_DROPIN
+PERSISTENCED_WANTED = layout.PERSISTENCED_WANTED
 # debconf's answer to Debian's legacy-GPU check ("false": no check), empty when unanswered.
 LEGACY_CHECK = (
     "awk '/^Name: nvidia-driver\\/check-for-unsupported-gpu$/{f=1} f&&/^Value:/{print $2; exit} "
     "/^$/{f=0}' /var/cache/debconf/config.dat 2>/dev/null || true"
 )
 PERSISTENCE_QUERY = "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader"
-PERSISTENCED_WANTED = "/etc/systemd/system/multi-user.target.d/gpubox-nvidia-persistenced.conf"
 
 
 @deploy("NVIDIA driver")
@@ -40,17 +42,17 @@ def driver() -> None:
 
     managed = ManagedFiles(
         {
-            PIN_FILE: p.pin,
-            UNATTENDED_FILE: p.unattended,
-            NOUVEAU_FILE: (FILES / "blacklist-nouveau.conf").read_text(),
-            PERSISTENCED_DROPIN: render(
+            layout.DRIVER_PIN: p.pin,
+            layout.UNATTENDED_BLACKLIST: p.unattended,
+            layout.NOUVEAU_BLACKLIST: (FILES / "blacklist-nouveau.conf").read_text(),
+            layout.PERSISTENCED_DROPIN: render(
                 "nvidia-persistenced.conf.j2", persistence_mode=config.persistence_mode
             ),
-            PERSISTENCED_WANTED: render("nvidia-persistenced-wanted.conf.j2"),
+            layout.PERSISTENCED_WANTED: render("nvidia-persistenced-wanted.conf.j2"),
         }
     )
-    pin = managed.put("Pin the NVIDIA driver to one exact version", PIN_FILE)
-    managed.put("Keep unattended-upgrades off the pinned driver", UNATTENDED_FILE)
+    pin = managed.put("Pin the NVIDIA driver to one exact version", layout.DRIVER_PIN)
+    managed.put("Keep unattended-upgrades off the pinned driver", layout.UNATTENDED_BLACKLIST)
     nvidia_repo(config, target, also_changed=[pin])
 
     if config.driver_kernel_headers:
@@ -77,14 +79,13 @@ def driver() -> None:
                 " | debconf-set-selections"
             ],
         )
-    apt.packages(
-        name=f"Install NVIDIA driver {config.driver_version} ({config.driver_kernel_modules})",
-        packages=[f"{name}={p.package_version}" for name in p.install],
-        allow_downgrades=True,
+    install_pinned(
+        f"Install NVIDIA driver {config.driver_version} ({config.driver_kernel_modules})",
+        p.install,
+        p.package_version,
+        hold="Hold the driver packages",
         no_recommends=True,
-        extra_install_args="--allow-change-held-packages",
     )
-    operations.apt_hold(name="Hold the driver packages", packages=p.install)
     operations.reinstall(
         name="Reinstall driver packages missing a file (nvidia-smi, the libraries)",
         packages=p.pinned,
@@ -98,7 +99,7 @@ def driver() -> None:
             commands=[kernels.repair_command(lacking)],
         )
 
-    nouveau = managed.put("Blacklist nouveau", NOUVEAU_FILE)
+    nouveau = managed.put("Blacklist nouveau", layout.NOUVEAU_BLACKLIST)
     server.shell(
         name="Rebuild the initramfs without nouveau",
         commands=["update-initramfs -u"],
@@ -106,11 +107,11 @@ def driver() -> None:
     )
 
     mode = "on" if config.persistence_mode else "off"
-    dropin = managed.put(f"nvidia-persistenced: persistence mode {mode}", PERSISTENCED_DROPIN)
-    wanted = managed.put("Start nvidia-persistenced at boot", PERSISTENCED_WANTED)
-    systemd.daemon_reload(
-        name="Reload systemd units", _if=lambda: dropin.did_change() or wanted.did_change()
+    dropin = managed.put(
+        f"nvidia-persistenced: persistence mode {mode}", layout.PERSISTENCED_DROPIN
     )
+    wanted = managed.put("Start nvidia-persistenced at boot", layout.PERSISTENCED_WANTED)
+    units.reload_units(dropin, wanted)
 
     loaded = host.get_fact(LoadedDriver)
     nouveau_loaded = host.get_fact(KernelModuleLoaded, module="nouveau")
@@ -140,18 +141,8 @@ def driver() -> None:
                 "reboot the box, then run the deploy again",
             )
 
-    systemd.service(
-        name="nvidia-persistenced running",
-        service="nvidia-persistenced",
-        running=True,
-        restarted=False,
-    )
-    systemd.service(
-        name="Restart nvidia-persistenced with its new settings",
-        service="nvidia-persistenced",
-        restarted=True,
-        _if=dropin.did_change,
-    )
+    # its unit is static (no [Install]): boot pulls it in through the wanted drop-in
+    units.keep_running(layout.PERSISTENCED, "nvidia-persistenced", dropin, enabled=None)
     if loaded == config.driver_version and not nouveau_loaded:
         # Persistence switched by hand since (nvidia-smi -pm): set it back on the running
         # driver; after a start or a reboot the drop-in's ExecStartPost does it.

@@ -27,7 +27,7 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.operations import apt, server
 
-from gpubox import progress
+from gpubox import layout, progress
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
 
@@ -48,6 +48,16 @@ CUDA_GRAPH_GATE = "cc < GGML_CUDA_CC_VOLTA"
 GDN_SOURCE = "ggml/src/ggml-cuda/gated_delta_net.cu"
 
 
+class _InBuild:
+    """A LlamaBuild attribute that is a path inside the build's directory."""
+
+    def __init__(self, relative: str) -> None:
+        self.relative = relative
+
+    def __get__(self, build: LlamaBuild, owner: type | None = None) -> str:
+        return f"{build.directory}/{self.relative}"
+
+
 @dataclass(frozen=True)
 class LlamaBuild:
     tag: str
@@ -62,21 +72,13 @@ class LlamaBuild:
     ccache: bool
     prefix: str
 
+    binary = _InBuild("bin/llama-server")
+    bench = _InBuild("bin/llama-bench")
+    log = _InBuild(BUILD_LOG)
+
     @property
     def directory(self) -> str:
         return f"{self.prefix}/{self.tag}"
-
-    @property
-    def binary(self) -> str:
-        return f"{self.directory}/bin/llama-server"
-
-    @property
-    def bench(self) -> str:
-        return f"{self.directory}/bin/llama-bench"
-
-    @property
-    def log(self) -> str:
-        return f"{self.directory}/{BUILD_LOG}"
 
     @property
     def short_commit(self) -> str:
@@ -201,7 +203,7 @@ def build_commands(b: LlamaBuild) -> list[str]:
     q = shlex.quote
     d = q(b.directory)
     log = q(b.log)
-    env = "CCACHE_DIR=/var/cache/gpubox-ccache CCACHE_BASEDIR=" + d + " " if b.ccache else ""
+    env = f"CCACHE_DIR={layout.LLAMA_CCACHE_DIR} CCACHE_BASEDIR={d} " if b.ccache else ""
     failed = (
         f"|| {{ rc=$?; echo 'gpubox: the build failed; the end of {b.log}:' >&2; "
         f"tail -n 40 {log} >&2; exit $rc; }}; "

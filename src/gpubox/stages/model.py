@@ -30,14 +30,14 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server
 
-from gpubox import preflight, progress
+from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.stages import as_file, checkpoint, current_config
 
-HF_VENV = "/opt/gpubox/hf-venv"
-MS_VENV = "/opt/gpubox/modelscope-venv"
-TOKEN_FILE = "/root/.cache/gpubox/hf-token"
+# The paths under the names the tests use.
+HF_VENV = layout.HF_VENV
+TOKEN_FILE = layout.HF_TOKEN_FILE
 # huggingface_hub's own progress bars stay off (the long step reports progress), and so do the
 # CLI's update check and telemetry (calls to pypi.org and the Hub that a mirror does not serve).
 HF_QUIET = "HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1"
@@ -137,9 +137,9 @@ def download_commands(
     p: ModelPlan,
     hf_endpoint: str,
     ms_endpoint: str,
-    token_file: str = TOKEN_FILE,
-    hf_venv: str = HF_VENV,
-    ms_venv: str = MS_VENV,
+    token_file: str = layout.HF_TOKEN_FILE,
+    hf_venv: str = layout.HF_VENV,
+    ms_venv: str = layout.MODELSCOPE_VENV,
 ) -> list[str]:
     """mkdir; then, in one command: the marker removed, the file kept when it verifies,
     else removed and downloaded (resuming where the tool can) and verified; then the marker
@@ -261,7 +261,9 @@ def model():
     if verified(p, state):
         if p.source == "hf":
             # left by a download cut short before it could remove it
-            files.file(name="No HF_TOKEN file left on the box", path=TOKEN_FILE, present=False)
+            files.file(
+                name="No HF_TOKEN file left on the box", path=layout.HF_TOKEN_FILE, present=False
+            )
         return None
     catalog = config.catalog
     hf_endpoint = config.hf_endpoint or catalog["hf"]["endpoint"]
@@ -322,9 +324,9 @@ def download_tool(config: HostConfig, source: str) -> None:
     catalog = config.catalog
     q = shlex.quote
     venv, requirement = (
-        (HF_VENV, catalog["hf"]["hub_requirement"])
+        (layout.HF_VENV, catalog["hf"]["hub_requirement"])
         if source == "hf"
-        else (MS_VENV, catalog["modelscope"]["requirement"])
+        else (layout.MODELSCOPE_VENV, catalog["modelscope"]["requirement"])
     )
     apt.packages(name="python3-venv for the download tool", packages=["python3-venv"])
     server.shell(
@@ -345,7 +347,7 @@ def put_token() -> None:
         files.put(
             name="HF_TOKEN for this download (removed afterwards)",
             src=as_file(token + "\n"),
-            dest=TOKEN_FILE,
+            dest=layout.HF_TOKEN_FILE,
             mode="0600",
         )
 
@@ -359,7 +361,9 @@ def vllm_checkpoint(config: HostConfig):
         host.get_fact(CommandOutput, command=checkpoint.state_command(c))
     )
     if state.complete:
-        files.file(name="No HF_TOKEN file left on the box", path=TOKEN_FILE, present=False)
+        files.file(
+            name="No HF_TOKEN file left on the box", path=layout.HF_TOKEN_FILE, present=False
+        )
         return None
     hf_endpoint = config.hf_endpoint or config.catalog["hf"]["endpoint"]
     listing = checkpoint.parse_listing(
@@ -376,7 +380,7 @@ def vllm_checkpoint(config: HostConfig):
     missing = f"; {len(state.bad)} file(s) missing or resized" if state.bad else ""
     logger.info(f"{host.name}: downloading {c.repo} into {c.directory}{missing}")
     commands = checkpoint.download_commands(
-        c, listing, state.bad, hf_endpoint, TOKEN_FILE, HF_VENV, HF_QUIET
+        c, listing, state.bad, hf_endpoint, layout.HF_TOKEN_FILE, layout.HF_VENV, HF_QUIET
     )
     return progress.long_step(
         name=f"Download the vLLM checkpoint {c.repo}",

@@ -12,13 +12,12 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
-from gpubox import dpkg_ready, operations, preflight
+from gpubox import dpkg_ready, layout, operations, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
 from gpubox.stages import ManagedFiles, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
 
-WRAPPER = "/usr/local/bin/gpu-burn"
 STAMP = ".gpubox-build"
 MANIFEST = ".gpubox-files"  # sizes of the build's outputs, what `gpu-burn` runs
 OUTPUTS = "gpu_burn compare.fatbin"
@@ -109,7 +108,7 @@ def tools() -> None:
         )
     managed = ManagedFiles(
         {
-            WRAPPER: render(
+            layout.GPU_BURN_WRAPPER: render(
                 "gpu-burn.sh.j2",
                 commit=build.commit,
                 compute=build.compute,
@@ -119,7 +118,7 @@ def tools() -> None:
         },
         mode="0755",
     )
-    managed.put("gpu-burn on PATH (runs from its build directory)", WRAPPER)
+    managed.put("gpu-burn on PATH (runs from its build directory)", layout.GPU_BURN_WRAPPER)
 
     if target.family == "debian":
         nvidia_repo(config, target)  # enables contrib, where Debian keeps nvtop

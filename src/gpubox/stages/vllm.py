@@ -36,19 +36,14 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, OperationError, operation
-from pyinfra.operations import server, systemd
+from pyinfra.operations import server
 
-from gpubox import progress, vllm_rules
+from gpubox import layout, progress, vllm_rules
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, checkpoint, render
-from gpubox.stages.backend import VLLM_UNIT, api_key, wait_for_health
+from gpubox.stages import ManagedFiles, checkpoint, render, serving, units
 
-CACHE_DIR = "/var/cache/gpubox/vllm"
-# The unit's runtime directory (RuntimeDirectory=, root only, gone when the unit stops) and
-# the env file (VLLM_API_KEY=...) it writes there from its credential at each start.
-RUNTIME_DIR = VLLM_UNIT
-ENV_FILE = f"/run/{RUNTIME_DIR}/env"
+CACHE_DIR = layout.VLLM_CACHE_DIR
 
 # Host directory (under CACHE_DIR) -> where the container sees it. TorchInductor's cache
 # defaults to /tmp, which a --rm container loses at every restart: it gets a volume and
@@ -152,12 +147,12 @@ def docker_argv(config: HostConfig) -> list[str]:
         f"{CACHE_DIR}/{name}:{path}" for name, path in CACHES.items()
     ]
     return [
-        "/usr/bin/docker", "run", "--rm", "--name", VLLM_UNIT, "--pull", "never",
+        "/usr/bin/docker", "run", "--rm", "--name", layout.VLLM, "--pull", "never",
         "--runtime", "nvidia", "--gpus", "all", "--ipc=host",
         "-p", f"{config.api_host}:{config.api_port}:8000",
         *[w for v in volumes for w in ("-v", v)],
         *[w for k, v in container_env(config).items() for w in ("-e", f"{k}={v}")],
-        "--env-file", ENV_FILE,
+        "--env-file", layout.VLLM_ENV_FILE,
         image,
         *vllm_args(config),
     ]  # fmt: skip
@@ -171,10 +166,10 @@ def unit_text(config: HostConfig) -> str:
         image=config.catalog["vllm"]["image"],
         model=model_repo(config),
         alias=json.dumps(config.model_alias),  # a comment line: no newline may get through
-        unit=VLLM_UNIT,
+        unit=layout.VLLM,
         api_key_file=config.api_key_file.replace("%", "%%"),
-        runtime_dir=RUNTIME_DIR,
-        env_file=ENV_FILE,
+        runtime_dir=layout.VLLM_RUNTIME_DIR,
+        env_file=layout.VLLM_ENV_FILE,
         exec_start=" ".join(systemd_quote(a) for a in argv),
     )
 
@@ -327,14 +322,11 @@ def vllm(config: HostConfig, model_change) -> None:
             name="vLLM cache directories on the host",
             commands=["mkdir -p " + " ".join(q(d) for d in missing)],
         )
-    key = api_key(config)
-    path = f"/etc/systemd/system/{VLLM_UNIT}.service"
+    key = serving.api_key(config)
+    path = layout.unit_file(layout.VLLM)
     unit = ManagedFiles({path: unit_text(config)}).put("vLLM unit", path)
-    changed = [c for c in (unit, model_change, key) if c is not None]
-    running = host.get_fact(CommandOutput, command=f"systemctl is-active {VLLM_UNIT}").strip()
-
-    def restart() -> bool:
-        return running != "active" or any(c.did_change() for c in changed)
+    running = serving.is_running(layout.VLLM)
+    restart = units.changed(unit, model_change, key, stopped=not running)
 
     cuda = vllm_rules.image_info(config.catalog["vllm"]).cuda
     if vllm_rules.needs_forward_compat(cuda, config.branch):
@@ -345,15 +337,16 @@ def vllm(config: HostConfig, model_change) -> None:
             ],
             _if=lambda: not present or restart(),
         )
-    systemd.daemon_reload(name="Reload systemd units (vLLM)", _if=unit.did_change)
-    systemd.service(name="vLLM enabled", service=VLLM_UNIT, enabled=True)
-    systemd.service(name="(Re)start vLLM", service=VLLM_UNIT, restarted=True, _if=restart)
-    wait_for_health(
-        name="Wait for vLLM's /health",
-        port=config.api_port,
-        unit=VLLM_UNIT,
-        timeout=config.health_timeout,
-        _if=restart,
+    serving.start(
+        config,
+        layout.VLLM,
+        "vLLM",
+        unit,
+        model_change,
+        key,
+        running=running,
+        restart_name="(Re)start vLLM",
+        health_name="Wait for vLLM's /health",
     )
     warm_up(
         name="Warm-up requests",

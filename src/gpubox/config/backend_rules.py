@@ -1,0 +1,223 @@
+"""The model and backend rules: the model's entry, the vLLM checks, whether the model fits, and
+llama.cpp's pinned source, per-slot context and split modes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpubox import compat, vllm_rules
+from gpubox.config.host import Problem
+from gpubox.config.keys import MODEL_REPO
+
+
+def backend_problems(
+    host: str, values: dict[str, Any], host_catalog: dict[str, Any], invalid: set[str]
+) -> list[Problem]:
+    """The model and backend rules (compat.check_backend) and whether the model fits. A rule
+    that reads a refused key (``invalid``) is skipped."""
+
+    def valid(*names: str) -> bool:
+        return invalid.isdisjoint(names)
+
+    if values["backend"] == "none" or not valid("backend"):
+        return []
+    models = host_catalog["models"]
+    model = models.get(values["model"])
+    if not valid("model"):
+        return []
+    if model is None:
+        return [
+            Problem(
+                host,
+                "model",
+                f"unknown model {values['model']!r}; known: {', '.join(sorted(models))}",
+            )
+        ]
+    # A refused override of this model's entry (context, weights_gib, ...): the rules that read
+    # the entry's numbers would judge the catalog's instead of the host's.
+    entry = f"catalog_overrides:models.{values['model']}."
+    if any(name.startswith(entry) for name in invalid):
+        invalid = invalid | {"model_ctx"}
+    problems: list[Problem] = []
+    if (
+        valid("model_source", "model_url")
+        and values["model_source"] == "url"
+        and not values["model_url"]
+    ):
+        problems.append(Problem(host, "model_url", "model_source is 'url' but model_url is unset"))
+    if valid("model_repo") and values["model_repo"] is not None:
+        if not MODEL_REPO.fullmatch(values["model_repo"]):
+            problems.append(
+                Problem(
+                    host,
+                    "model_repo",
+                    f"must be a repository id like 'owner/name', got {values['model_repo']!r}",
+                )
+            )
+        elif valid("model_source") and values["model_source"] == "url":
+            problems.append(
+                Problem(
+                    host,
+                    "model_repo",
+                    "is not used with model_source 'url' (model_url is)",
+                    severity="warning",
+                )
+            )
+    quantization = values["model_quantization"] or model["quantization"]
+    vllm_version = ""
+    if values["backend"] == "vllm":
+        # What the vLLM unit runs: the image's tag, its CUDA, the checkpoint and whether it
+        # fits (gpubox.vllm_rules); compat judges the version and quantisation it reports.
+        vllm_version, findings = vllm_rules.check(values, host_catalog, model, skip=invalid)
+        problems += [Problem(host, f.key, f.message, f.severity) for f in findings]
+        flag = vllm_rules.quantization_flag(model)
+        quantization = values["model_quantization"] or (flag.replace("_", "-") if flag else "fp16")
+    tensor_parallel = values["vllm_tensor_parallel"] or values["gpu_count"]
+    for key, message in compat.check_backend(
+        values["gpu_model"],
+        values["gpu_count"],
+        values["backend"],
+        quantization,
+        vllm_version,
+        tensor_parallel,
+        values["model_ctx"],
+        model["context"],
+        skip=invalid,
+    ):
+        problems.append(Problem(host, key, message))
+    if values["backend"] == "llamacpp":
+        problems += [
+            Problem(host, k, m) for k, m in _llamacpp_problems(values, host_catalog, valid)
+        ]
+    gpu = compat.GPU_MODELS.get(values["gpu_model"])
+    if (
+        gpu
+        and valid("gpu_model", "gpu_count", "model_ctx", "llamacpp_cuda")
+        and values["backend"] == "llamacpp"
+        and values["llamacpp_cuda"]
+    ):
+        need_mib = (
+            model["weights_gib"] * 1024 + model["kv_mib_per_1k_ctx"] * values["model_ctx"] / 1024
+        )
+        have_mib = gpu.memory_mib * values["gpu_count"] * 0.95
+        if need_mib > have_mib:
+            problems.append(
+                Problem(
+                    host,
+                    "model_ctx",
+                    f"{values['model']} with context {values['model_ctx']} needs about "
+                    f"{need_mib / 1024:.0f} GiB of GPU memory; {values['gpu_count']}x {gpu.name} "
+                    f"have {have_mib / 1024:.0f} GiB usable: lower model_ctx",
+                )
+            )
+    return problems
+
+
+def _arg_values(args: list[Any], *names: str) -> list[str]:
+    """The values given to any of ``names`` in an argument list ("-c 0" or "-c=0")."""
+    found = []
+    for i, arg in enumerate(str(a) for a in args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found.append(str(args[i + 1]))
+            elif arg.startswith(name + "="):
+                found.append(arg[len(name) + 1 :])
+    return found
+
+
+def _llamacpp_problems(
+    values: dict[str, Any], host_catalog: dict[str, Any], valid: Callable[..., bool]
+) -> list[tuple[str, str]]:
+    """llama.cpp's rules: a pinned source, a per-slot context that holds a thinking answer,
+    and what each split mode needs. (key, message) pairs."""
+    found: list[tuple[str, str]] = []
+    llama = host_catalog["llamacpp"]
+    sha256 = str(llama["sha256"])
+    if not sha256:
+        found.append(
+            (
+                "catalog_overrides",
+                "llamacpp.sha256 is empty: set it to the sha256 its publisher gives for the "
+                "file at llamacpp.url (nothing is downloaded unverified)",
+            )
+        )
+    elif len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        found.append(
+            (
+                "catalog_overrides",
+                f"llamacpp.sha256 must be 64 lowercase hex digits, got {sha256!r}",
+            )
+        )
+    extra = [str(a) for a in values["llamacpp_extra_args"]]
+    model = host_catalog["models"][values["model"]]
+    thinking = model.get("thinking_output_tokens") or 0
+    # The sandbox's tiny model (a model_file of its own) is not the catalog's thinking model.
+    serves_catalog_file = values["model_file"] in (None, model["file"])
+    if serves_catalog_file and valid("model_ctx", "model_parallel", "llamacpp_extra_args"):
+        unified = not {"-no-kvu", "--no-kv-unified"} & set(extra)
+        per_slot = (
+            values["model_ctx"] if unified else values["model_ctx"] // values["model_parallel"]
+        )
+        if per_slot < thinking:
+            how = (
+                "with the unified KV cache each slot gets all of model_ctx"
+                if unified
+                else f"without the unified KV cache each slot gets model_ctx / model_parallel "
+                f"({values['model_ctx']} / {values['model_parallel']})"
+            )
+            found.append(
+                (
+                    "model_ctx",
+                    f"{values['model']} may think for {thinking} tokens (its model card's output "
+                    f"budget), but a slot holds {per_slot} tokens ({how}): raise model_ctx"
+                    + ("" if unified else " or lower model_parallel"),
+                )
+            )
+    if not valid("llamacpp_split_mode", "llamacpp_extra_args", "gpu_count"):
+        return found
+    mode = values["llamacpp_split_mode"]
+    if _arg_values(extra, "-sm", "--split-mode"):
+        found.append(("llamacpp_extra_args", "sets -sm: use llamacpp_split_mode instead"))
+    if mode in ("row", "tensor") and values["gpu_count"] < 2:
+        found.append(
+            (
+                "llamacpp_split_mode",
+                f"{mode!r} splits each layer across the GPUs: it needs gpu_count 2 or more "
+                f"(got {values['gpu_count']}); use 'layer'",
+            )
+        )
+    if mode == "tensor":
+        # llama.cpp's tensor split refuses to start without FlashAttention and needs an f16
+        # KV cache and an explicit context; gpubox passes -fa on -ctk f16 -ctv f16 -c model_ctx.
+        fa = [v for v in _arg_values(extra, "-fa", "--flash-attn") if v != "on"]
+        if fa:
+            found.append(
+                (
+                    "llamacpp_extra_args",
+                    f"llamacpp_split_mode 'tensor' needs FlashAttention on; the extra args set "
+                    f"-fa {fa[-1]}",
+                )
+            )
+        kv = [
+            v
+            for v in _arg_values(extra, "-ctk", "--cache-type-k", "-ctv", "--cache-type-v")
+            if v != "f16"
+        ]
+        if kv:
+            found.append(
+                (
+                    "llamacpp_extra_args",
+                    f"llamacpp_split_mode 'tensor' needs an f16 KV cache; the extra args ask for "
+                    f"{kv[-1]}",
+                )
+            )
+        if values["model_ctx"] <= 0 or "0" in _arg_values(extra, "-c", "--ctx-size"):
+            found.append(
+                (
+                    "model_ctx",
+                    "llamacpp_split_mode 'tensor' needs an explicit context: set model_ctx, "
+                    "and no -c 0 in llamacpp_extra_args",
+                )
+            )
+    return found

@@ -1,0 +1,293 @@
+"""The key table: every host data key gpubox reads, with its type, default and a one-line doc,
+declared once."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpubox import compat
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    type: type | tuple[type, ...]
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    # Default computed from the other (already typed) values when ``default`` is None.
+    derive: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None
+    # Turns an accepted value into the one the rest of gpubox sees.
+    normalize: Callable[[Any], Any] | None = None
+    # The range a number key accepts, both ends included (None: unbounded on that side).
+    # Every int and float key declares at least one end (tests/unit/test_config_ranges.py).
+    min: int | float | None = None
+    max: int | float | None = None
+
+    def range_text(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"{self.min} to {self.max}"
+        if self.min is not None:
+            return f"at least {self.min}"
+        return f"at most {self.max}"
+
+    def in_range(self, value: int | float) -> bool:
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+
+def _derive_driver_version(values: dict[str, Any], host_catalog: dict[str, Any]) -> str | None:
+    branch = host_catalog["driver"]["branches"].get(str(values.get("driver_branch")))
+    return branch["version"] if branch else None
+
+
+def _derive_kernel_modules(values: dict[str, Any], host_catalog: dict[str, Any]) -> str:
+    gpu = compat.GPU_MODELS.get(values.get("gpu_model", ""))
+    return compat.default_kernel_modules(gpu) if gpu else "proprietary"
+
+
+def _listen_keys(address: str, port: str, who: str, default_port: int) -> tuple[Key, Key]:
+    """The address (loopback by default) and the port a service on the box listens on."""
+    return (
+        Key(address, str, "127.0.0.1", f"address {who} listens on"),
+        Key(port, int, default_port, f"port {who} listens on", min=1, max=65535),
+    )
+
+
+# llama-server's -sm values gpubox offers ("none" would leave the second GPU idle).
+LLAMA_SPLIT_MODES = ("layer", "row", "tensor")
+
+# A Hub repository id (owner/name), as Hugging Face and ModelScope accept them.
+MODEL_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+KEYS: tuple[Key, ...] = (
+    Key("gpu_model", str, "Tesla V100-SXM2-32GB", "GPU model as nvidia-smi names it"),
+    Key("gpu_count", int, 2, "how many GPUs of gpu_model the box has", min=1),
+    Key("nvlink", bool, True, "the GPUs are joined by NVLink (verified: links up, topo NV#)"),
+    Key(
+        "nvlink_links",
+        int,
+        None,
+        "active NVLink links expected on each GPU (default: at least one)",
+        min=1,  # unset means "at least one"; a GPU without links is nvlink: false
+    ),
+    Key("driver_branch", (str, int), "570", "NVIDIA driver branch to pin", normalize=str),
+    Key(
+        "driver_version",
+        str,
+        None,
+        "exact driver version (default: the catalog's for the branch)",
+        derive=_derive_driver_version,
+    ),
+    Key(
+        "driver_kernel_modules",
+        str,
+        None,
+        "'proprietary' or 'open' (default: what the GPUs' compute capability needs)",
+        choices=compat.KERNEL_MODULE_FLAVOURS,
+        derive=_derive_kernel_modules,
+    ),
+    Key(
+        "driver_kernel_headers",
+        bool,
+        True,
+        "install linux-headers for the running kernel (DKMS builds the module against them)",
+    ),
+    Key("cuda_version", str, "12.8", "CUDA toolkit to install (toolkit only, never a driver)"),
+    Key(
+        "allow_reboot",
+        bool,
+        True,
+        "reboot when the installed driver differs from the loaded one (else stop and say so)",
+    ),
+    Key(
+        "reboot_timeout",
+        int,
+        900,
+        "seconds to wait for the box to come back after a reboot",
+        min=1,
+    ),
+    Key(
+        "apt_lock_timeout",
+        int,
+        900,
+        "seconds a deploy waits for dpkg's locks (a fresh box's unattended-upgrades) before "
+        "it stops, nothing changed",
+        min=1,
+    ),
+    Key("persistence_mode", bool, True, "run nvidia-persistenced with persistence mode on"),
+    # Stage docker
+    Key(
+        "docker_source",
+        str,
+        "docker",
+        "'docker' (Docker's apt repository) or 'distro' (the distribution's docker.io)",
+        choices=("docker", "distro"),
+    ),
+    Key(
+        "docker_keep_existing",
+        bool,
+        True,
+        "keep a Docker that is already installed and running (e.g. a panel's) and only "
+        "configure it",
+    ),
+    Key("docker_registry_mirrors", list, [], "registry mirrors merged into daemon.json"),
+    Key(
+        "docker_daemon_options",
+        dict,
+        {},
+        "other daemon.json keys gpubox sets (keys it does not set are never touched)",
+    ),
+    Key("docker_default_runtime_nvidia", bool, False, "make nvidia Docker's default runtime"),
+    Key(
+        "docker_check_image",
+        str,
+        "ubuntu:24.04",
+        "image the host checks start GPU containers from (pulled once if absent)",
+    ),
+    # Stage dcgm
+    Key("dcgm_exporter", bool, False, "run dcgm-exporter (a container) for Prometheus"),
+    *_listen_keys("dcgm_exporter_address", "dcgm_exporter_port", "dcgm-exporter", 9400),
+    # Stage tools
+    Key(
+        "gpu_burn_compute",
+        int,
+        None,
+        "COMPUTE for gpu-burn's build (default: the GPUs' compute capability, 70 on V100)",
+        min=50,  # compute capability x 10; CUDA 12's oldest target is sm_50 (5 would mean 5.0)
+    ),
+    # Stage burnin
+    Key("burnin_seconds", int, 60, "gpu-burn run time per burn-in", min=1),
+    Key("burnin_doubles", bool, True, "burn with doubles (gpu-burn -d)"),
+    Key("burnin_tensor_cores", bool, False, "try tensor cores (gpu-burn -tc)"),
+    Key(
+        "burnin_dcgm_level",
+        int,
+        2,
+        "dcgmi diag -r level after gpu-burn (1-4)",
+        choices=(1, 2, 3, 4),
+        min=1,
+        max=4,
+    ),
+    Key("burnin_required", bool, False, "host checks require a passing, recent burn-in"),
+    Key(
+        "verify_after_deploy",
+        bool,
+        True,
+        "deploy/full.py ends with the quick checks (the host fails when one fails)",
+    ),
+    Key(
+        "burnin_max_age_days",
+        int,
+        30,
+        "how old a burn-in record the host checks accept",
+        min=1,
+    ),
+    # Stage model and backend
+    Key(
+        "backend",
+        str,
+        "llamacpp",
+        "'llamacpp', 'vllm' or 'none'",
+        choices=("llamacpp", "vllm", "none"),
+    ),
+    Key("model", str, "qwen3-next-80b-a3b-thinking", "the catalog's model to serve"),
+    Key(
+        "model_source",
+        str,
+        "hf",
+        "'hf' (or a mirror: hf_endpoint), 'modelscope' or 'url'",
+        choices=("hf", "modelscope", "url"),
+    ),
+    Key("model_url", str, None, "with model_source 'url': where the GGUF file is"),
+    Key(
+        "model_repo",
+        str,
+        None,
+        "with model_source 'hf' or 'modelscope': the repository (owner/name) to download "
+        "model_file from (default: the catalog's)",
+    ),
+    Key("model_file", str, None, "the file's name (default: the catalog's)"),
+    Key("model_sha256", str, None, "the file's sha256 (default: the catalog's)"),
+    Key("model_dir", str, "/srv/models", "where models are kept on the box"),
+    Key(
+        "model_quantization",
+        str,
+        None,
+        "the weights' quantisation or dtype (default: the catalog's), checked against the GPUs",
+    ),
+    # llama.cpp reads -c 0 as "the model's whole context"; gpubox sizes memory from model_ctx,
+    # so it must be the real number. The defaults suit a box one team uses: two requests at
+    # once (two people or agents), each of which may use the whole context, since llama-server
+    # runs with a unified KV cache (-kvu): the slots share one pool of model_ctx tokens, so a
+    # second slot costs no memory, and each answer has room for the model card's thinking
+    # budget. More slots would split the decode speed between more streams.
+    Key(
+        "model_ctx",
+        int,
+        131072,
+        "context length the server allocates; with llama.cpp's unified KV cache every slot "
+        "may use all of it",
+        min=1,
+    ),
+    Key(
+        "model_parallel",
+        int,
+        2,
+        "parallel request slots (llama.cpp -np, vLLM max seqs)",
+        min=1,
+    ),
+    Key("model_alias", str, "qwen3-next", "the model id the API serves"),
+    Key("hf_endpoint", str, None, "Hugging Face mirror, e.g. hf-mirror.com for users in China"),
+    *_listen_keys("api_host", "api_port", "the API", 8080),
+    Key(
+        "api_key_file",
+        str,
+        "/etc/gpubox/api-key",
+        "root-only file with the API key (generated at first deploy)",
+    ),
+    Key("llamacpp_cuda", bool, True, "build llama.cpp with CUDA (false: CPU only)"),
+    Key("llamacpp_ccache", bool, False, "build llama.cpp through ccache (fast rebuilds)"),
+    Key("llamacpp_extra_args", list, [], "more llama-server arguments, checked against --help"),
+    Key(
+        "llamacpp_split_mode",
+        str,
+        "layer",
+        "how llama.cpp splits the model over the GPUs (-sm): 'layer' (whole layers per GPU), "
+        "'row' or 'tensor' (each layer across every GPU)",
+        choices=LLAMA_SPLIT_MODES,
+    ),
+    Key("vllm_enforce_eager", bool, False, "vLLM without CUDA graphs (slow decode)"),
+    Key(
+        "vllm_gpu_memory_utilization",
+        float,
+        0.92,
+        "vLLM --gpu-memory-utilization",
+        min=0.01,  # vLLM wants more than 0 and at most 1
+        max=1.0,
+    ),
+    Key(
+        "vllm_tensor_parallel",
+        int,
+        None,
+        "vLLM --tensor-parallel-size (default: gpu_count)",
+        min=1,
+    ),
+    Key(
+        "health_timeout",
+        int,
+        1800,
+        "seconds to wait for the API to answer after a start",
+        min=1,
+    ),
+    Key(
+        "catalog_overrides",
+        dict,
+        {},
+        "catalog entries to replace for this host, by dotted path (mirrors, fingerprints)",
+    ),
+)
+KEYS_BY_NAME: dict[str, Key] = {key.name: key for key in KEYS}

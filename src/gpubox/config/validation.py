@@ -1,0 +1,198 @@
+"""Inventory host data -> ``validate``: each key's type, choices and range, the catalog overrides,
+the defaults derived from other keys and the driver/CUDA/GPU rules, every problem at once."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from gpubox import catalog, compat
+from gpubox.config.backend_rules import backend_problems
+from gpubox.config.host import ConfigError, HostConfig, Problem
+from gpubox.config.keys import KEYS, KEYS_BY_NAME, Key
+
+
+def _pyinfra_keys() -> set[str]:
+    """Host data keys that belong to pyinfra itself (connectors, global arguments)."""
+    from pyinfra.api.arguments import all_argument_meta
+    from pyinfra.api.connectors import get_all_connectors
+
+    keys = set(all_argument_meta)
+    for connector in get_all_connectors().values():
+        keys.update(getattr(connector, "data_meta", {}) or {})
+    return keys
+
+
+def _type_name(typ: type | tuple[type, ...]) -> str:
+    if isinstance(typ, tuple):
+        return " or ".join(t.__name__ for t in typ)
+    return typ.__name__
+
+
+def _check_type(key: Key, value: Any) -> bool:
+    if isinstance(value, bool) and key.type is not bool:
+        return False
+    if key.type is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if key.type is str and isinstance(value, int | float) and not isinstance(value, bool):
+        return False
+    return isinstance(value, key.type)
+
+
+def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, list[Problem]]:
+    """Check one host's data; return its config (when valid) and every problem found."""
+    problems: list[Problem] = []
+    pyinfra_keys = _pyinfra_keys()
+    values: dict[str, Any] = {}
+    # Keys whose value was refused: they take their default below, and every rule that reads
+    # one is skipped, so one wrong key is one problem, not a cascade built on a stand-in value.
+    invalid: set[str] = set()
+
+    for name, value in data.items():
+        if name in pyinfra_keys or name.startswith("_"):
+            continue
+        key = KEYS_BY_NAME.get(name)
+        if key is None:
+            near = difflib.get_close_matches(name, list(KEYS_BY_NAME), n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            problems.append(Problem(host, name, f"unknown key{hint}"))
+            continue
+        if value is None:
+            continue
+        if not _check_type(key, value):
+            problems.append(
+                Problem(
+                    host,
+                    name,
+                    f"must be {_type_name(key.type)}, got {type(value).__name__} {value!r}",
+                )
+            )
+            invalid.add(name)
+            continue
+        if key.choices and value not in key.choices:
+            choices = ", ".join(repr(c) for c in key.choices)
+            problems.append(Problem(host, name, f"must be one of {choices}, got {value!r}"))
+            invalid.add(name)
+            continue
+        if isinstance(value, int | float) and not key.in_range(value):
+            problems.append(Problem(host, name, f"must be {key.range_text()}, got {value!r}"))
+            invalid.add(name)
+            continue
+        values[name] = key.normalize(value) if key.normalize else value
+
+    for key in KEYS:
+        if key.name not in values and key.derive is None:
+            values[key.name] = copy.deepcopy(key.default)
+
+    # The catalog, with this host's overrides (each refused one is reported and left out).
+    host_catalog = catalog.load()
+    for path, value in values["catalog_overrides"].items():
+        message = _override_problem(host_catalog, path, value)
+        if message:
+            problems.append(Problem(host, "catalog_overrides", message))
+            invalid.update(("catalog_overrides", f"catalog_overrides:{path}"))
+        else:
+            catalog.set_path(host_catalog, path, value)
+
+    def valid(*names: str) -> bool:
+        """Whether every key a rule reads holds the host's own, accepted value."""
+        return invalid.isdisjoint(names)
+
+    for key in KEYS:
+        if key.name not in values and key.derive is not None:
+            values[key.name] = key.derive(values, host_catalog)
+
+    branches = host_catalog["driver"]["branches"]
+    if values["driver_branch"] not in branches:
+        if valid("driver_branch"):
+            problems.append(
+                Problem(
+                    host,
+                    "driver_branch",
+                    f"no catalog entry for branch {values['driver_branch']!r}; "
+                    f"known: {', '.join(branches)}",
+                )
+            )
+    elif values["driver_version"] is None:
+        values["driver_version"] = branches[values["driver_branch"]]["version"]
+    if (
+        valid("driver_branch", "driver_version")
+        and values["driver_branch"] in branches
+        and values["driver_version"]
+        and not str(values["driver_version"]).startswith(values["driver_branch"] + ".")
+    ):
+        problems.append(
+            Problem(
+                host,
+                "driver_version",
+                f"{values['driver_version']!r} is not a release of branch "
+                f"{values['driver_branch']}",
+            )
+        )
+    if valid("cuda_version") and values["cuda_version"] not in host_catalog["cuda"]["versions"]:
+        problems.append(
+            Problem(
+                host,
+                "cuda_version",
+                f"no catalog entry for CUDA {values['cuda_version']!r}; "
+                f"known: {', '.join(host_catalog['cuda']['versions'])}",
+            )
+        )
+    try:
+        branch = int(values["driver_branch"])
+    except ValueError:
+        problems.append(
+            Problem(
+                host,
+                "driver_branch",
+                f"must be a branch number like '570', got {values['driver_branch']!r}",
+            )
+        )
+    else:
+        for name, message in compat.check(
+            values["gpu_model"],
+            branch,
+            values["driver_kernel_modules"],
+            values["cuda_version"],
+            skip=invalid,
+        ):
+            if not any(p.key == name and p.message == message for p in problems):
+                problems.append(Problem(host, name, message))
+
+    problems += backend_problems(host, values, host_catalog, invalid)
+
+    errors = [p for p in problems if p.severity == "error"]
+    config = None if errors else HostConfig(host, values, host_catalog)
+    return config, problems
+
+
+def _override_problem(host_catalog: dict[str, Any], path: Any, value: Any) -> str | None:
+    """Why one catalog_overrides entry is refused, or None. A number in the catalog (a model's
+    context, weights_gib, sampling) stays a number of the same kind, and is never negative."""
+    if not isinstance(path, str):
+        return f"keys are dotted catalog paths, got {type(path).__name__} {path!r}"
+    try:
+        current = catalog.get_path(host_catalog, path)
+    except catalog.CatalogError as exc:
+        near = difflib.get_close_matches(exc.path, catalog.leaf_paths(), n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        return f"{exc}{hint}"
+    if isinstance(current, dict):
+        return str(catalog.CatalogError(path, "is a section, not a value"))
+    if isinstance(current, int | float) and not isinstance(current, bool):
+        whole = isinstance(current, int)
+        if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+            kind = "int" if whole else "int or float"
+            return f"{path!r} must be {kind}, got {type(value).__name__} {value!r}"
+        if value < 0:
+            return f"{path!r} must be at least 0, got {value!r}"
+    return None
+
+
+def load_host_config(host: str, data: Mapping[str, Any]) -> HostConfig:
+    config, problems = validate(host, data)
+    if config is None:
+        raise ConfigError([p for p in problems if p.severity == "error"])
+    return config

@@ -1,0 +1,32 @@
+"""`gpubox doctor INVENTORY [--json]`: the whole box on one screen per host, and every way it
+differs from its inventory, each with the command that fixes it. Read-only.
+
+The verdicts are gpubox.checks' (the same checks ``pytest tests/host`` runs), all but those
+that act on the box (a container run, a GPU load). Modules:
+
+- ``cli``: read each host's facts once (``gather``), judge them (``evaluate``), print; ``main``.
+- ``view``: ``describe``, the host's state as one JSON-able view (pure).
+- ``render``: ``render_text`` (one screen per host), ``render_json``, ``format_bench``."""
+
+from __future__ import annotations
+
+from gpubox.checks import Output, Verdict
+from gpubox.checks.core import Unreachable
+from gpubox.doctor.cli import doctor_checks, evaluate, gather, main
+from gpubox.doctor.render import format_bench, host_report, render_json, render_text
+from gpubox.doctor.view import describe
+
+__all__ = [
+    "Output",
+    "Unreachable",
+    "Verdict",
+    "describe",
+    "doctor_checks",
+    "evaluate",
+    "format_bench",
+    "gather",
+    "host_report",
+    "main",
+    "render_json",
+    "render_text",
+]

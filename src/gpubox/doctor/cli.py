@@ -1,0 +1,130 @@
+"""`gpubox doctor INVENTORY [--json]`: read each host (read-only), judge it with the checks that
+do not act on the box, and print its screen or one JSON document.
+
+Exit status: 0 when no host deviates, 1 when one does, 2 when the inventory is unusable."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from gpubox import bench, checks
+from gpubox.checks.core import FACTS, Unreachable
+from gpubox.config import ConfigError, HostConfig, load_host_config
+from gpubox.doctor.render import host_report, render_json, render_text
+from gpubox.doctor.view import describe
+
+
+def doctor_checks() -> list[checks.Check]:
+    """The checks doctor runs: every check that reads nothing active."""
+    return checks.select(passive=True)
+
+
+def gather(run: checks.Runner, config: HostConfig) -> checks.Facts:
+    """Read every passive fact of the host once (failures are outputs, never crashes). A
+    runner that raises on the first command (no connection) raises Unreachable."""
+    first = True
+
+    def guarded(command: str) -> checks.Output:
+        nonlocal first
+        if first:
+            first = False
+            try:
+                return run(command)
+            except Exception as exc:
+                raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
+        return run(command)
+
+    facts = checks.Facts(guarded, config)
+    facts.read(name for name, fact in FACTS.items() if not fact.active)
+    return facts
+
+
+def evaluate(
+    host: str, config: HostConfig, facts: Any, inventory: str = "INVENTORY"
+) -> list[checks.Verdict]:
+    """Every doctor check's verdict on the host (pure, given the facts)."""
+    return checks.run(doctor_checks(), host, config, facts, inventory)
+
+
+def _runner(host: Any) -> checks.Runner:
+    def run(command: str) -> checks.Output:
+        result = host.run(command)
+        return checks.Output(result.rc, result.stdout, result.stderr, command)
+
+    return run
+
+
+def main(argv: list[str]) -> int:
+    import testinfra
+
+    from gpubox import inventory
+
+    parser = argparse.ArgumentParser(
+        prog="gpubox doctor",
+        description="Show each host of the inventory on one screen, and every deviation from "
+        "its configuration with the command that fixes it. Read-only.",
+    )
+    parser.add_argument("inventory")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+    try:
+        hosts = inventory.load(args.inventory)
+    except Exception as exc:  # a broken inventory file is the user's to see, whole
+        print(f"gpubox doctor: cannot read {args.inventory}: {exc}", file=sys.stderr)
+        return 2
+    if not hosts:
+        print(f"gpubox doctor: {args.inventory} defines no hosts", file=sys.stderr)
+        return 2
+    configs: dict[str, HostConfig] = {}
+    for name, data in hosts:
+        try:
+            configs[name] = load_host_config(name, data)
+        except ConfigError as exc:
+            print(f"gpubox doctor: {exc}\n(gpubox check {args.inventory})", file=sys.stderr)
+            return 2
+    reports = []
+    deviations = False
+    now = datetime.datetime.now(datetime.UTC)
+    with tempfile.TemporaryDirectory(prefix="gpubox-doctor-") as tmp:
+        ssh_config = Path(tmp) / "ssh_config"
+        ssh_config.write_text("".join(inventory.ssh_config_entry(n, d) for n, d in hosts))
+        for name, data in hosts:
+            config = configs[name]
+            host = testinfra.get_host(
+                f"paramiko://{name}", ssh_config=str(ssh_config), sudo=inventory.uses_sudo(data)
+            )
+            try:
+                facts = gather(_runner(host), config)
+            except Unreachable as exc:
+                verdict = checks.Verdict(
+                    "ssh",
+                    name,
+                    "error",
+                    f"cannot reach {name}: {exc}",
+                    "check ssh_* in the inventory",
+                )
+                deviations = True
+                if args.json:
+                    reports.append(
+                        {"host": name, "ok": False, "findings": [asdict(verdict)], "checks": {}}
+                    )
+                else:
+                    print(f"== {name}: unreachable\n  ! {verdict}\n")
+                continue
+            url = bench.host_url(name, data.get("ssh_hostname"), config.api_port)
+            view = describe(config, facts, now, last_bench=bench.load_record(name, url))
+            verdicts = evaluate(name, config, facts, args.inventory)
+            deviations = deviations or any(v.failed for v in verdicts)
+            if args.json:
+                reports.append(host_report(name, view, verdicts))
+            else:
+                print(render_text(name, view, verdicts))
+    if args.json:
+        print(render_json(reports), end="")
+    return 1 if deviations else 0

@@ -1,0 +1,216 @@
+"""doctor's screens: one per host (its view, then every failed check with its fix), and one
+JSON document for all."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from gpubox import checks
+from gpubox.checks import Verdict
+
+ACTIVE = sum(c.active for c in checks.ALL)
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else f"{value}"
+
+
+def _num(value: float | int | None, unit: str) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.0f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def _apps(apps: list[dict[str, Any]] | None) -> str:
+    if apps is None:
+        return "apps ?"
+    if not apps:
+        return "no apps"
+    return "apps " + ", ".join(f"{a['name']}({a['pid']}) {_mib(a['memory_mib'])} MiB" for a in apps)
+
+
+def _state(service: dict[str, Any]) -> str:
+    if service["active"] is None:
+        return "?"
+    if service["exists"] is False:
+        return "not installed"
+    enabled = f", {service['enabled']}" if service["enabled"] else ""
+    return f"{service['active']}{enabled}"
+
+
+def _ms(value: Any) -> str:
+    return "?" if value is None else f"{value:.0f} ms" if value >= 100 else f"{value:.1f} ms"
+
+
+def format_bench(record: dict[str, Any] | None, model: str | None = None) -> str:
+    """'last bench 2026-11-30: 1 stream 65 tok/s, TTFT 120 ms, TPOT 15.2 ms; ...' (median TTFT
+    and TPOT) or 'no bench yet'; the record's model is named when it is not ``model``."""
+    if not record:
+        return "no bench yet (gpubox bench --inventory INVENTORY)"
+    parts = []
+    for lv in record.get("levels") or []:
+        n = lv.get("concurrency")
+        tps = lv.get("output_throughput")
+        part = (
+            f"{n} stream{'' if n == 1 else 's'} "
+            f"{'?' if tps is None else format(tps, '.0f')} tok/s, "
+            f"TTFT {_ms(lv.get('median_ttft_ms'))}, TPOT {_ms(lv.get('median_tpot_ms'))}"
+        )
+        if lv.get("failed"):
+            part += f", {lv['failed']} FAILED"
+        parts.append(part)
+    date = str(record.get("date") or "?")[:10]
+    other = record.get("model")
+    named = f" of model {other}" if other and other != model else ""
+    text = f"last bench {date}{named}: " + ("; ".join(parts) or "no level measured")
+    if isinstance(record.get("llama_bench"), dict):  # gpubox bench --llama-bench
+        from gpubox.bench.llamabench_results import summary_line
+
+        text += "; " + summary_line(record["llama_bench"])
+    return text
+
+
+def render_text(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> str:
+    """One screen for one host: its view, then every failed check with its fix."""
+    findings = [v for v in verdicts if v.failed]
+    lines: list[str] = []
+    w = lines.append
+    os_view = view["os"]
+    if "error" in os_view:
+        w(f"== {host}: OS unknown ({os_view['error']}), kernel {os_view['kernel'] or '?'}")
+    else:
+        w(f"== {host}: {os_view['pretty_name']}, kernel {os_view['kernel'] or '?'}")
+
+    smi = view["gpus"]
+    if smi["gpus"] is None:
+        w(f"GPUs      nvidia-smi: {smi.get('detail') or smi['error']}")
+    else:
+        versions = sorted({g["driver_version"] for g in smi["gpus"] if g["driver_version"]})
+        w(f"GPUs      {len(smi['gpus'])} found, driver {', '.join(versions) or '?'}")
+        for g in smi["gpus"]:
+            pm = "on" if g["persistence"] == "Enabled" else "OFF"
+            w(
+                f"  GPU {g['index']}  {g['name']}  {g['bus_id']}  "
+                f"mem {_mib(g['memory_used_mib'])}/{_mib(g['memory_total_mib'])} MiB  "
+                f"{_num(g['temperature_c'], ' C')}  "
+                f"{_num(g['power_draw_w'], '')}/{_num(g['power_limit_w'], ' W')}  "
+                f"persistence {pm}  {_apps(g['apps'])}"
+            )
+
+    nv = view["nvlink"]
+    if nv["links"] is not None:
+        parts = [
+            f"GPU {e['gpu']} {len(e['up'])} up"
+            + (f" ({', '.join(map(str, e['up']))})" if e["up"] else "")
+            + f", {len(e['down'])} down"
+            for e in nv["links"]
+        ]
+        speed = next((e["speed_gbs"] for e in nv["links"] if e["speed_gbs"]), None)
+        w("NVLink    " + "; ".join(parts) + (f"; {speed} GB/s per link" if speed else ""))
+    else:
+        w("NVLink    " + ("; ".join(nv["errors"]) or "?"))
+    topo = nv["topology"]
+    if topo is not None:
+        devices = topo["devices"]
+        width = max(6, *(len(d) + 2 for d in devices))
+        w("  " + " " * width + "".join(d.ljust(width) for d in devices) + "CPU Affinity")
+        for name, row, cpu in zip(devices, topo["matrix"], topo["cpu_affinity"], strict=True):
+            w("  " + name.ljust(width) + "".join(c.ljust(width) for c in row) + (cpu or ""))
+
+    drv = view["driver"]
+    if drv["packages"] is None:
+        w(f"Driver    loaded {drv['loaded'] or '?'}; packages unknown ({'; '.join(drv['errors'])})")
+    else:
+        packages = drv["packages"]
+        installed = sorted({p["installed"] or "not installed" for p in packages})
+        held = sum(bool(p["held"]) for p in packages)
+        cands = sorted({p["candidate"] or "none" for p in packages})
+        w(
+            f"Driver    installed {', '.join(installed)}, loaded {drv['loaded'] or '?'}, "
+            f"apt candidate {', '.join(cands) if drv['policy_known'] else '?'}, "
+            f"held {held}/{len(packages) if drv['holds_known'] else '?'}; "
+            f"nvidia-persistenced {_state(view['persistenced'])}"
+        )
+    kern = drv.get("kernels")
+    if kern:
+        built = [k for k in kern["kernels"] if k not in kern["lacking"]]
+        w(
+            f"Kernels   module built for {', '.join(built) or 'none'}"
+            + (f"; MISSING for {', '.join(kern['lacking'])}" if kern["lacking"] else "")
+            + ("" if kern["dkms"] else " (dkms not installed)")
+        )
+
+    cuda = view["cuda"]
+    w(
+        f"CUDA      nvcc {cuda['release'] or 'not found'}"
+        + (f" ({cuda['nvcc']})" if cuda["nvcc"] else "")
+        + f", /usr/local/cuda -> {cuda['usr_local_cuda'] or 'nothing'}"
+    )
+
+    docker = view["docker"]
+    if docker["error"]:
+        w(f"Docker    {_state(docker['service'])}: {docker['error']}")
+    else:
+        w(
+            f"Docker    {_state(docker['service'])}, {docker['version']}, runtimes "
+            f"{', '.join(docker['runtimes'] or [])} (default {docker['default_runtime']})"
+        )
+
+    dcgm = view["dcgm"]
+    found = f"{dcgm['gpus']} GPU(s) discovered" if dcgm["gpus"] is not None else dcgm.get("error")
+    w(f"DCGM      nvidia-dcgm {_state(dcgm['service'])}, {found}")
+
+    backend = view["backend"]
+    if backend["unit"] is None:
+        w("Backend   none")
+    else:
+        w(
+            f"Backend   {backend['backend']}: {backend['unit']} {_state(backend['service'])}, "
+            f"/health {backend['health'] or 'no answer'}, model {backend['model']} "
+            f"({backend['url']})"
+        )
+        w(f"          {format_bench(backend.get('last_bench'), backend['model'])}")
+
+    burnin = view["burnin"]
+    if not burnin["record"]:
+        w("Burn-in   none recorded")
+    elif "error" in burnin:
+        w(f"Burn-in   {burnin['error']}")
+    else:
+        gpus = ", ".join(f"GPU {k} {v}" for k, v in sorted(burnin["gpus"].items()))
+        age = f", {burnin['age_days']} day(s) ago" if burnin["age_days"] is not None else ""
+        w(
+            f"Burn-in   {'passed' if burnin['passed'] else 'FAILED'} {burnin['date']}{age} "
+            f"({gpus or 'no GPU'})"
+        )
+
+    counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "error", "skip")}
+    w(
+        f"Checks    {counts['pass']} passed, {counts['fail'] + counts['error']} failed, "
+        f"{counts['skip']} not applicable (the host checks run {ACTIVE} more that act on the "
+        "box: pytest tests/host)"
+    )
+    if findings:
+        w(f"Warnings ({len(findings)}):")
+        lines.extend(f"  ! [{f.check}] {f}" for f in findings)
+    else:
+        w("OK: no deviation from the inventory")
+    return "\n".join(lines) + "\n"
+
+
+def host_report(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> dict[str, Any]:
+    findings = [v for v in verdicts if v.failed]
+    return {
+        "host": host,
+        "ok": not findings,
+        "findings": [asdict(f) for f in findings],
+        "checks": {v.check: v.status for v in verdicts},
+        **view,
+    }
+
+
+def render_json(reports: list[dict[str, Any]]) -> str:
+    """Every host's report as one JSON document."""
+    return json.dumps({"hosts": reports}, indent=2, sort_keys=False) + "\n"

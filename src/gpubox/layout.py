@@ -1,0 +1,79 @@
+"""Where gpubox puts things on a box: every host path and systemd unit name it owns, once.
+
+The stages write these paths, the checks (gpubox.checks) read them, doctor shows them. A leaf
+module: it imports nothing of gpubox, so anything may import it."""
+
+from __future__ import annotations
+
+# --- state gpubox keeps on the box
+STATE_DIR = "/var/lib/gpubox"
+BURNIN_RECORD = f"{STATE_DIR}/burnin.json"
+CDI_STAMP = f"{STATE_DIR}/cdi-driver-version"
+CACHE_DIR = "/var/cache/gpubox"
+APT_QUERY_DIR = f"{CACHE_DIR}/apt-query"
+VLLM_CACHE_DIR = f"{CACHE_DIR}/vllm"
+
+# --- apt: pins, holds' companions, unattended-upgrades, dpkg's lock
+APT_PREFERENCES = "/etc/apt/preferences.d"
+DRIVER_PIN = f"{APT_PREFERENCES}/90-gpubox-nvidia-driver"
+TOOLKIT_PIN = f"{APT_PREFERENCES}/90-gpubox-nvidia-container-toolkit"
+DCGM_PIN = f"{APT_PREFERENCES}/90-gpubox-dcgm"
+UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51gpubox-nvidia-driver"
+DPKG_LOCK_CONF = "/etc/apt/apt.conf.d/50gpubox-dpkg-lock"
+
+# --- driver
+NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpubox-blacklist-nouveau.conf"
+NVIDIA_MODULE_VERSION = "/sys/module/nvidia/version"
+NOUVEAU_MODULE = "/sys/module/nouveau"
+
+# --- CUDA
+USR_LOCAL_CUDA = "/usr/local/cuda"
+CUDA_PROFILE = "/etc/profile.d/gpubox-cuda.sh"
+CUDA_LD_CONF = "/etc/ld.so.conf.d/gpubox-cuda.conf"
+
+# --- Docker and the NVIDIA Container Toolkit
+DAEMON_JSON = "/etc/docker/daemon.json"
+DEV_CHAR_UDEV_RULE = "/etc/udev/rules.d/71-gpubox-nvidia-dev-char.rules"
+
+# --- tools
+GPU_BURN_WRAPPER = "/usr/local/bin/gpu-burn"
+
+# --- llama.cpp: the home of its system user (llama), the build's compiler cache
+LLAMA_HOME = "/var/lib/llama"
+LLAMA_CCACHE_DIR = "/var/cache/gpubox-ccache"
+
+# --- model downloads
+HF_VENV = "/opt/gpubox/hf-venv"
+MODELSCOPE_VENV = "/opt/gpubox/modelscope-venv"
+HF_TOKEN_FILE = "/root/.cache/gpubox/hf-token"
+
+# --- systemd units (names without ".service")
+PERSISTENCED = "nvidia-persistenced"
+DOCKER = "docker"
+DCGM = "nvidia-dcgm"
+DCGM_EXPORTER = "gpubox-dcgm-exporter"
+LLAMA_SERVER = "gpubox-llama-server"
+VLLM = "gpubox-vllm"  # the unit and the container it runs
+BACKEND_UNITS = {"llamacpp": LLAMA_SERVER, "vllm": VLLM}
+# The vLLM unit's runtime directory (RuntimeDirectory=: /run/<name>, root only, gone when the
+# unit stops) and the env file (VLLM_API_KEY=...) it writes there from its credential.
+VLLM_RUNTIME_DIR = VLLM
+VLLM_ENV_FILE = f"/run/{VLLM_RUNTIME_DIR}/env"
+SYSTEMD_DIR = "/etc/systemd/system"
+
+
+def unit_file(unit: str) -> str:
+    """The path of a unit file gpubox writes."""
+    return f"{SYSTEMD_DIR}/{unit}.service"
+
+
+def dropin(unit: str, name: str = "gpubox.conf") -> str:
+    """The path of a gpubox drop-in for ``unit``."""
+    return f"{SYSTEMD_DIR}/{unit}.service.d/{name}"
+
+
+PERSISTENCED_DROPIN = dropin(PERSISTENCED)
+PERSISTENCED_WANTED = f"{SYSTEMD_DIR}/multi-user.target.d/gpubox-nvidia-persistenced.conf"
+DCGM_DROPIN = dropin(DCGM)
+DCGM_EXPORTER_UNIT_FILE = unit_file(DCGM_EXPORTER)
+LLAMA_BENCH_PIDFILE = "/run/gpubox-llama-bench.pid"

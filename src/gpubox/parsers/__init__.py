@@ -1,0 +1,109 @@
+"""Pure parsers of the command outputs gpubox reads from a host, one module per source:
+
+- ``nvidia_smi``: nvidia-smi's table, -L, --query-gpu, nvlink -s, topo -m and its error
+  messages;
+- ``system``: nvcc --version, lspci -Dnn, /etc/os-release, mokutil --sb-state;
+- ``apt``: apt-cache policy, apt-mark showhold, dpkg-query;
+- ``gpu_burn``: gpu-burn (a burn and `gpu_burn -l`);
+- ``dcgm``: DCGM's dcgmi (discovery -l, dmon, diag -j, and the errors it prints when it cannot
+  do its work);
+- ``_common``: ParseError and the helpers the modules share.
+
+Every public name is re-exported here, so callers write ``parsers.parse_lspci(...)``.
+
+Text in, dataclasses out: nothing here runs a command or imports pyinfra or testinfra, so the
+deploy's facts, the host checks and the CLI all read a host the same way. Every parser is
+tested on real captured outputs (tests/fixtures, sources in tests/fixtures/SOURCES.md) and
+raises ParseError, quoting the line it could not read, rather than guessing."""
+
+from __future__ import annotations
+
+from gpubox.parsers._common import ParseError
+from gpubox.parsers.apt import (
+    AptPolicy,
+    AptPolicyVersion,
+    DpkgPackage,
+    parse_apt_policy,
+    parse_dpkg_query,
+    parse_showhold,
+)
+from gpubox.parsers.dcgm import (
+    DcgmDiag,
+    DcgmDiagTest,
+    DcgmGpu,
+    DmonRow,
+    DmonSample,
+    parse_dcgmi_diag_json,
+    parse_dcgmi_discovery,
+    parse_dcgmi_dmon,
+    parse_dcgmi_error,
+)
+from gpubox.parsers.gpu_burn import (
+    GpuBurnDevice,
+    GpuBurnResult,
+    parse_gpu_burn,
+    parse_gpu_burn_list,
+)
+from gpubox.parsers.nvidia_smi import (
+    NvLink,
+    SmiGpu,
+    SmiTable,
+    SmiTableGpu,
+    Topology,
+    nvml_library_version,
+    parse_nvlink_status,
+    parse_query_gpu,
+    parse_smi_error,
+    parse_smi_list,
+    parse_smi_table,
+    parse_topo_matrix,
+)
+from gpubox.parsers.system import (
+    NvccVersion,
+    PciDevice,
+    parse_lspci,
+    parse_nvcc_version,
+    parse_os_release,
+    parse_secure_boot,
+)
+
+__all__ = [
+    "AptPolicy",
+    "AptPolicyVersion",
+    "DcgmDiag",
+    "DcgmDiagTest",
+    "DcgmGpu",
+    "DmonRow",
+    "DmonSample",
+    "DpkgPackage",
+    "GpuBurnDevice",
+    "GpuBurnResult",
+    "NvLink",
+    "NvccVersion",
+    "ParseError",
+    "PciDevice",
+    "SmiGpu",
+    "SmiTable",
+    "SmiTableGpu",
+    "Topology",
+    "nvml_library_version",
+    "parse_apt_policy",
+    "parse_dcgmi_diag_json",
+    "parse_dcgmi_discovery",
+    "parse_dcgmi_dmon",
+    "parse_dcgmi_error",
+    "parse_dpkg_query",
+    "parse_gpu_burn",
+    "parse_gpu_burn_list",
+    "parse_lspci",
+    "parse_nvcc_version",
+    "parse_nvlink_status",
+    "parse_os_release",
+    "parse_query_gpu",
+    "parse_secure_boot",
+    "parse_showhold",
+    "parse_smi_error",
+    "parse_smi_list",
+    "parse_smi_table",
+    "parse_topo_matrix",
+]

@@ -1,0 +1,100 @@
+"""What the sandbox's two loopback HTTP servers share: the stand-in NVIDIA repository
+(repo.py) and the Hugging Face Hub and PyPI mirror (hub.py). Both answer single byte ranges
+as GitHub's and Hugging Face's servers do, log each request to stderr with the time, and serve
+until SIGTERM or until the box's supervisor is gone, so they never outlive the box."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from gpubox.sandbox.common import process_start_time
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
+    """(start, end) of a single byte range (``bytes=N-``, ``N-M``, ``-N``); None to answer the
+    whole file (no Range, or one this server does not take, such as several ranges);
+    "unsatisfiable" for a 416."""
+    match = _RANGE.fullmatch(header.strip()) if header else None
+    if not match or not (match[1] or match[2]):
+        return None
+    if match[1]:
+        start = int(match[1])
+        end = min(int(match[2]), size - 1) if match[2] else size - 1
+    else:
+        start, end = max(0, size - int(match[2])), size - 1
+    if start >= size or start > end:
+        return "unsatisfiable"
+    return start, end
+
+
+class StderrLog(BaseHTTPRequestHandler):
+    """Each request logged to stderr, one line with the time (the servers' log files)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {self.address_string()} {format % args}\n")
+        sys.stderr.flush()
+
+
+def serve_until_stopped(
+    handler: Callable[..., BaseHTTPRequestHandler],
+    bind: str,
+    port: int,
+    describe: Callable[[int], str],
+    watch: tuple[int, int] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    ready: Callable[[int], None] = lambda port: None,
+) -> int:
+    """Serve on ``bind``:``port`` until SIGTERM or SIGINT (in the main thread),
+    ``should_stop()``, or until the watched process (PID, kernel start time: the box's
+    supervisor) is gone; polls every second, so the loop always ends. Once bound, prints the
+    time and ``describe(bound port)`` to stderr and hands the bound port to ``ready`` (``port``
+    0: one the kernel picks)."""
+    stop = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+    ThreadingHTTPServer.allow_reuse_address = True
+    with ThreadingHTTPServer((bind, port), handler) as httpd:
+        httpd.daemon_threads = True
+        httpd.timeout = 1.0
+        bound = httpd.server_address[1]
+        print(f"{time.strftime('%H:%M:%S')} {describe(bound)}", file=sys.stderr, flush=True)
+        ready(bound)
+        while not stop and not should_stop():
+            if watch and process_start_time(watch[0]) != watch[1]:
+                print("the box's supervisor is gone: stopping", file=sys.stderr, flush=True)
+                break
+            with contextlib.suppress(InterruptedError):
+                httpd.handle_request()
+    return 0
+
+
+def file_arguments(
+    parser: argparse.ArgumentParser, specs: list[str], metavar: str
+) -> dict[str, Path]:
+    """The ``--file KEY=FILE`` arguments (``metavar``: how the help names them) as a dict; a
+    malformed one is the parser's error."""
+    files = {}
+    for spec in specs:
+        key, sep, path = spec.partition("=")
+        if not sep or not key or not path:
+            parser.error(f"--file wants {metavar}, not {spec!r}")
+        files[key] = Path(path)
+    return files

@@ -1,0 +1,53 @@
+"""The deploy's final checks (gpubox.verify): which checks, and the runner that carries a
+command's exit status through pyinfra's connection (here a real shell stands in for it)."""
+
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+from gpubox import checks, verify
+
+
+class ShellHost:
+    """pyinfra's host.run_shell_command, answered by a real local shell."""
+
+    def run_shell_command(self, command: str, **_: object):
+        proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+        return proc.returncode == 0, SimpleNamespace(
+            stdout_lines=proc.stdout.splitlines(), stderr_lines=proc.stderr.splitlines()
+        )
+
+
+def test_the_runner_keeps_the_exit_status_and_the_output_exactly():
+    run = verify.runner(ShellHost(), {})
+    assert run("printf abc") == checks.Output(0, "abc\n", "", "printf abc")
+    assert run("echo hi; echo there").stdout == "hi\nthere\n"
+    assert run("false").rc == 1
+    missing = run("gpubox-no-such-command")
+    assert missing.rc == 127 and missing.missing and "not found" in missing.stderr
+    failed = run("echo partial; cat /gpubox/nonexistent")
+    assert failed.rc == 1 and failed.stdout == "partial\n"
+    assert failed.stderr.endswith("No such file or directory")
+    # an answer without a final newline (curl -w, then a body) keeps its lines apart
+    assert run("printf 200; echo; printf '{}'").stdout == "200\n{}\n"
+
+
+def test_the_deploy_runs_the_quick_passive_checks_but_not_the_burn_in():
+    chosen = verify.deploy_checks()
+    assert chosen and all(c.marker == "quick" and not c.active for c in chosen)
+    assert "burnin.record" not in {c.id for c in chosen}
+    assert {"driver.held", "driver.pins", "cuda.link", "backend.health"} <= {c.id for c in chosen}
+
+
+def test_the_inventory_is_named_as_the_user_typed_it():
+    argv = ["pyinfra", "-y", "--data", "x=1", "inventories/mybox.py", "deploy/full.py"]
+    assert verify.inventory_argument(argv) == "inventories/mybox.py"
+    assert verify.inventory_argument(["pyinfra", "@local", "deploy/full.py"]) == "INVENTORY"
+
+
+def test_a_failure_names_the_check_what_it_found_and_the_fix():
+    verdict = checks.Verdict("cuda.link", "box", "fail", "box: /usr/local/cuda ...", "pyinfra x")
+    assert verify.failures([verdict]) == (
+        "  [cuda.link] box: /usr/local/cuda ...\n      fix: pyinfra x"
+    )
