@@ -26,9 +26,11 @@ def main() -> int:
     boot = time.monotonic() - start
     first = demo.deploy()
     second = demo.deploy()
+    # the same no-op run without the final quick checks: what verify_after_deploy costs
+    unchecked = demo.deploy(extra=("--data", "verify_after_deploy=false"))
     if not args.keep:
         demo.sandbox("down", check=False)
-    if first.rc != 0 or second.rc != 0:
+    if first.rc != 0 or second.rc != 0 or unchecked.rc != 0:
         print("a deploy failed:", first.output[-2000:], second.output[-2000:], file=sys.stderr)
         return 1
     ratio = second.seconds / first.seconds if first.seconds else float("nan")
@@ -41,6 +43,7 @@ def main() -> int:
         "noop_deploy_operations": second.operations,
         "noop_deploy_changed": second.changed,
         "noop_over_first": round(ratio, 3),
+        "noop_deploy_without_checks_s": round(unchecked.seconds, 1),
     }
     print(f"sandbox up (fresh copy, boot):  {boot:6.1f} s")
     print(
@@ -52,6 +55,10 @@ def main() -> int:
         f"{second.operations} operations, {second.changed} changed"
     )
     print(f"no-op / first:                 {ratio:6.1%}")
+    print(
+        f"no-op, verify_after_deploy off: {unchecked.seconds:5.1f} s  "
+        f"(the quick checks cost {second.seconds - unchecked.seconds:.1f} s)"
+    )
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "deploy_timing.json").write_text(json.dumps(figures, indent=2) + "\n")

@@ -83,3 +83,15 @@ def serving(handler: type[hub.HubHandler]) -> Iterator[int]:
         stop.set()
         thread.join(5)
     assert not thread.is_alive()
+
+
+def bench_level(n: int, tps: float, ttft: float, tpot: float | None, failed: int = 0) -> dict:
+    """One concurrency level of a bench report, with fixed figures (8 requests)."""
+    return {
+        "max_concurrency": n,
+        "output_throughput": tps,
+        "median_ttft_ms": ttft,
+        "median_tpot_ms": tpot,
+        "completed": 8 - failed,
+        "failed": failed,
+    }

@@ -54,6 +54,7 @@ DCGM = "nvidia-dcgm"
 DCGM_EXPORTER = "gpubox-dcgm-exporter"
 LLAMA_SERVER = "gpubox-llama-server"
 VLLM = "gpubox-vllm"  # the unit and the container it runs
+LLAMA_USER = "llama"  # the system user llama-server runs as
 BACKEND_UNITS = {"llamacpp": LLAMA_SERVER, "vllm": VLLM}
 # The vLLM unit's runtime directory (RuntimeDirectory=: /run/<name>, root only, gone when the
 # unit stops) and the env file (VLLM_API_KEY=...) it writes there from its credential.

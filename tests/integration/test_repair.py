@@ -13,7 +13,7 @@ from conftest import box_sh
 
 from gpubox import demo, inventory
 from gpubox.config import HostConfig, load_host_config
-from gpubox.stages import backend as backend_stage
+from gpubox.stages import llamacpp_build
 from gpubox.stages import model as model_stage
 from gpubox.stages import tools as tools_stage
 
@@ -99,13 +99,13 @@ def test_a_truncated_model_is_downloaded_again_and_served():
 
 
 def test_a_deleted_llama_server_is_rebuilt_and_started():
-    b = backend_stage.llama_build(config())
+    b = llamacpp_build.llama_build(config())
     # lost while running: the next start (a reboot, a crash) finds nothing to run
     box_sh(f"rm {b.binary} && systemctl restart {LLAMA} || true")
     failed = failing("backend.service", "backend.health")
     assert "backend.service" in failed
     assert "backend.health" in failed
-    assert box_sh(f"cat {b.directory}/{backend_stage.BUILD_INFO}").strip() == b.info
+    assert box_sh(f"cat {b.directory}/{llamacpp_build.BUILD_INFO}").strip() == b.info
 
     run = redeploy()
     assert [n for n in run.changed_names if f"Build llama-server {b.tag}" in n]

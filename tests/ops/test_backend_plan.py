@@ -7,8 +7,11 @@ import re
 
 from conftest import REFERENCE, fresh_box
 
+from gpubox import stages
 from gpubox.config import load_host_config, validate
 from gpubox.stages import backend as backend_stage
+from gpubox.stages import llamacpp as llamacpp_stage
+from gpubox.stages import llamacpp_build
 from gpubox.stages import model as model_stage
 from gpubox.stages import vllm as vllm_stage
 
@@ -19,7 +22,7 @@ def problems(data):
 
 
 def test_llamacpp_is_built_for_sm_70_with_cuda_12_8():
-    build = backend_stage.llama_build(load_host_config("b", REFERENCE))
+    build = llamacpp_build.llama_build(load_host_config("b", REFERENCE))
     flags = build.cmake_flags()
     assert flags[:2] == ["-G", "Ninja"]
     assert "-DGGML_CUDA=ON" in flags and "-DCMAKE_CUDA_ARCHITECTURES=70" in flags
@@ -28,13 +31,13 @@ def test_llamacpp_is_built_for_sm_70_with_cuda_12_8():
     assert "-DLLAMA_BUILD_NUMBER=11312" in flags and "-DLLAMA_BUILD_COMMIT=0c1e570" in flags
     assert build.binary == "/opt/llama.cpp/b11312/bin/llama-server"
     assert build.bench == "/opt/llama.cpp/b11312/bin/llama-bench"
-    cpu = backend_stage.llama_build(load_host_config("b", {**REFERENCE, "llamacpp_cuda": False}))
+    cpu = llamacpp_build.llama_build(load_host_config("b", {**REFERENCE, "llamacpp_cuda": False}))
     assert "-DGGML_CUDA=OFF" in cpu.cmake_flags() and cpu.info != build.info
 
 
 def test_the_build_fetches_the_pinned_sdist_and_extracts_only_its_llama_cpp_tree():
-    (command,) = backend_stage.build_commands(
-        backend_stage.llama_build(load_host_config("b", REFERENCE))
+    (command,) = llamacpp_build.build_commands(
+        llamacpp_build.llama_build(load_host_config("b", REFERENCE))
     )
     url = (
         "https://files.pythonhosted.org/packages/ec/e9/"
@@ -65,16 +68,16 @@ def test_a_github_tag_archive_by_override_strips_its_top_directory():
             "llamacpp.tree": "",
         },
     }
-    build = backend_stage.llama_build(load_host_config("b", data))
-    (command,) = backend_stage.build_commands(build)
+    build = llamacpp_build.llama_build(load_host_config("b", data))
+    (command,) = llamacpp_build.build_commands(build)
     assert "https://github.example/llama.cpp/archive/refs/tags/b11312.tar.gz;" in command
     assert "--strip-components=1 --exclude=.git;" in command
-    assert build.info != backend_stage.llama_build(load_host_config("b", REFERENCE)).info
+    assert build.info != llamacpp_build.llama_build(load_host_config("b", REFERENCE)).info
 
 
 def test_llama_server_flags_follow_the_config():
     config = load_host_config("b", {**REFERENCE, "model_ctx": 65536, "model_parallel": 2})
-    args = backend_stage.llama_args(config, "/srv/models/m.gguf")
+    args = llamacpp_stage.llama_args(config, "/srv/models/m.gguf")
     text = " ".join(args)
     for expected in (
         "-m /srv/models/m.gguf",
@@ -101,34 +104,35 @@ def test_llama_server_flags_follow_the_config():
 
 
 def test_the_flag_check_names_unknown_flags():
-    command = backend_stage.flag_check_command("/x/llama-server", ["-m", "a", "--metrics", "-5"])
+    command = llamacpp_stage.flag_check_command("/x/llama-server", ["-m", "a", "--metrics", "-5"])
     assert "for f in --metrics -m;" in command and "does not know" in command
 
 
 def unit_of(data) -> str:
     config = load_host_config("b", {**REFERENCE, **data})
-    return backend_stage.render(
+    return stages.render(
         "llama-server.service.j2",
         tag="b11312",
         commit="0c1e570",
-        environment=backend_stage.llama_environment(config),
+        environment=llamacpp_stage.llama_environment(config),
         model_file="m",
         alias="a",
         binary="/b",
-        args=" ".join(backend_stage.llama_args(config, "/m")),
+        args=" ".join(llamacpp_stage.llama_args(config, "/m")),
         api_key_file="/k",
+        user="llama",
     )
 
 
 def test_split_mode_layer_is_the_default_with_no_p2p():
     config = load_host_config("b", REFERENCE)
-    args = backend_stage.llama_args(config, "/m")
+    args = llamacpp_stage.llama_args(config, "/m")
     assert args[args.index("-sm") + 1] == "layer" and "-ctk" not in args
     assert "GGML_CUDA_P2P" not in unit_of({})
 
 
 def test_split_mode_row_splits_each_layer_with_no_p2p():
-    args = backend_stage.llama_args(
+    args = llamacpp_stage.llama_args(
         load_host_config("b", {**REFERENCE, "llamacpp_split_mode": "row"}), "/m"
     )
     assert args[args.index("-sm") + 1] == "row" and "-ctk" not in args
@@ -137,13 +141,13 @@ def test_split_mode_row_splits_each_layer_with_no_p2p():
 
 def test_split_mode_tensor_gets_f16_kv_flash_attention_and_peer_access():
     config = load_host_config("b", {**REFERENCE, "llamacpp_split_mode": "tensor"})
-    text = " ".join(backend_stage.llama_args(config, "/m"))
+    text = " ".join(llamacpp_stage.llama_args(config, "/m"))
     for expected in ("-sm tensor", "-fa on", "-ctk f16 -ctv f16", "-c 131072", "-kvu"):
         assert expected in text, expected
     unit = unit_of({"llamacpp_split_mode": "tensor"})
     assert "\nEnvironment=GGML_CUDA_P2P=1\n" in unit
     # ...and the flag check asks the built binary whether its -sm offers tensor
-    check = backend_stage.flag_check_command("/b", ["-sm", "tensor"], "tensor")
+    check = llamacpp_stage.flag_check_command("/b", ["-sm", "tensor"], "tensor")
     assert "grep -qw -- tensor" in check
 
 
@@ -159,7 +163,7 @@ def test_the_flag_check_runs_against_a_help_text(tmp_path):
     binary.chmod(0o755)
 
     def check(args, mode):
-        command = backend_stage.flag_check_command(str(binary), args, mode)
+        command = llamacpp_stage.flag_check_command(str(binary), args, mode)
         return subprocess.run(["sh", "-c", command], capture_output=True, text=True)
 
     assert check(["-c", "1", "-kvu", "-sm", "row"], "row").returncode == 0
@@ -182,6 +186,7 @@ def test_the_unit_reads_the_key_as_a_credential_never_on_the_command_line():
         binary="/b",
         args="--api-key-file ${CREDENTIALS_DIRECTORY}/api-key",
         api_key_file="/etc/gpubox/api-key",
+        user="llama",
     )
     assert "LoadCredential=api-key:/etc/gpubox/api-key" in unit and "User=llama" in unit
 
@@ -200,8 +205,8 @@ def test_fresh_box_builds_generates_a_key_and_waits_for_health(plan_of):
     assert "-DCMAKE_CUDA_ARCHITECTURES=70" in build
     # a long step: the build runs in the background, Ninja's "[n/N]" read from its log
     assert "gpubox long step" in build and "/opt/llama.cpp/b11312/build.log" in build
-    (command,) = backend_stage.build_commands(
-        backend_stage.llama_build(load_host_config("b", data))
+    (command,) = llamacpp_build.build_commands(
+        llamacpp_build.llama_build(load_host_config("b", data))
     )
     assert command in build
     (download,) = [c for n, c in plan.ops if "Download and verify m.gguf" in n]

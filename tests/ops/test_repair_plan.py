@@ -12,6 +12,7 @@ from gpubox import operations
 from gpubox.config import load_host_config
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import cuda as cuda_stage
+from gpubox.stages import llamacpp_build
 from gpubox.stages import model as model_stage
 from gpubox.stages import tools as tools_stage
 
@@ -117,14 +118,14 @@ LLAMA_DATA = {
 
 def llama_answers(info: str | None = None, **extra: object) -> dict[object, object]:
     config = load_host_config("b", LLAMA_DATA)
-    b = backend_stage.llama_build(config)
+    b = llamacpp_build.llama_build(config)
     p = model_stage.plan(config)
     return fresh_box(
         "ubuntu2404",
         **{
             # the model verified as it is now: no download planned
             "gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"],
-            backend_stage.BUILD_INFO: b.info if info is None else info,
+            llamacpp_build.BUILD_INFO: b.info if info is None else info,
             "systemctl is-active gpubox-llama-server": "active",
             f"test -s {config.api_key_file}": "yes",
             **extra,
@@ -132,8 +133,8 @@ def llama_answers(info: str | None = None, **extra: object) -> dict[object, obje
     )
 
 
-def llama() -> backend_stage.LlamaBuild:
-    return backend_stage.llama_build(load_host_config("b", LLAMA_DATA))
+def llama() -> llamacpp_build.LlamaBuild:
+    return llamacpp_build.llama_build(load_host_config("b", LLAMA_DATA))
 
 
 def test_an_intact_build_is_not_rebuilt_and_nothing_restarts(plan_of):
@@ -145,11 +146,11 @@ def test_an_intact_build_is_not_rebuilt_and_nothing_restarts(plan_of):
 
 
 def test_a_deleted_llama_server_is_rebuilt_though_the_marker_matches_then_restarted(plan_of):
-    answers = llama_answers(**{backend_stage.BUILD_FILES: ["bin/llama-server"]})
+    answers = llama_answers(**{llamacpp_build.BUILD_FILES: ["bin/llama-server"]})
     plan = plan_of(backend_stage.backend, LLAMA_DATA, answers)
     (build,) = plan.op("Build llama-server b11312")
     # the build runs as a long step (progress lines); the script inside it is the build's
-    (command,) = backend_stage.build_commands(llama())
+    (command,) = llamacpp_build.build_commands(llama())
     assert command in build
     assert [n for n in plan.names if "(Re)start llama-server" in n]
 
@@ -161,21 +162,23 @@ def test_a_changed_build_info_rebuilds(plan_of):
 
 def test_a_build_from_before_the_manifest_is_recorded_not_rebuilt(plan_of):
     b = llama()
-    manifest = f"{b.directory}/{backend_stage.BUILD_FILES}"
-    answers = llama_answers(**{backend_stage.BUILD_FILES: [manifest], f"test -x {b.binary}": "yes"})
+    manifest = f"{b.directory}/{llamacpp_build.BUILD_FILES}"
+    answers = llama_answers(
+        **{llamacpp_build.BUILD_FILES: [manifest], f"test -x {b.binary}": "yes"}
+    )
     plan = plan_of(backend_stage.backend, LLAMA_DATA, answers)
     assert not [n for n in plan.names if "Build llama-server" in n]
     (record,) = plan.op("Record the files of llama-server b11312")
     assert "stat -c '%s %n' -- bin/*" in record and "BUILD-FILES" in record
     # ... unless its binary is gone too
-    gone = llama_answers(**{backend_stage.BUILD_FILES: [manifest]})
+    gone = llama_answers(**{llamacpp_build.BUILD_FILES: [manifest]})
     assert plan_of(backend_stage.backend, LLAMA_DATA, gone).op("Build llama-server b11312")
 
 
 def test_the_build_command_keeps_the_rule():
     """Marker removed before the install directory changes, written last; the new bin/ put
     in place by renames once complete; no step hidden in an `&&` chain."""
-    (command,) = backend_stage.build_commands(llama())
+    (command,) = llamacpp_build.build_commands(llama())
     d = llama().directory
     assert command.startswith("set -e; ")
     removed = command.index(f"rm -f {d}/BUILD-INFO.json {d}/BUILD-FILES")

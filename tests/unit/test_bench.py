@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import bench_level
 
 from gpubox import bench
 
@@ -441,15 +442,7 @@ def _fixed_report(url: str = "http://box:8080") -> dict[str, Any]:
     """A report as bench_endpoint returns it, with fixed figures (what the record and the plot
     read)."""
 
-    def level(n: int, tps: float, ttft: float, tpot: float | None, failed: int = 0) -> dict:
-        return {
-            "max_concurrency": n,
-            "output_throughput": tps,
-            "median_ttft_ms": ttft,
-            "median_tpot_ms": tpot,
-            "completed": 8 - failed,
-            "failed": failed,
-        }
+    level = bench_level
 
     return {
         "endpoint": {"url": url, "model": MODEL, "backend": "llama.cpp", "backend_version": "b1"},

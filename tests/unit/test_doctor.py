@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import bench_level
 
 from gpubox import bench, checks, doctor, driver_plan, layout, parsers
 from gpubox.checks.core import FACTS, Output, Unreachable
@@ -715,15 +716,7 @@ def test_systemctl_show_blocks():
 
 
 def _bench_report(url: str, model: str = "qwen3-next") -> dict[str, Any]:
-    def level(n: int, tps: float, ttft: float, tpot: float, failed: int = 0) -> dict[str, Any]:
-        return {
-            "max_concurrency": n,
-            "output_throughput": tps,
-            "median_ttft_ms": ttft,
-            "median_tpot_ms": tpot,
-            "completed": 8 - failed,
-            "failed": failed,
-        }
+    level = bench_level
 
     return {
         "endpoint": {"url": url, "model": model},

@@ -161,13 +161,8 @@ KEY_IN_PS_AWK = (
 )
 
 
-def _chat(config: HostConfig, target: Target | None) -> str:
-    request = {
-        "model": config.model_alias,
-        "stream": True,
-        "max_tokens": 16,
-        "messages": [{"role": "user", "content": "Say hello."}],
-    }
+def chat(config: HostConfig, request: dict[str, Any], limit: int = 120) -> str:
+    """A chat completion request made on the box (JSON in, HTTP status and body out)."""
     return curl(
         config,
         "/v1/chat/completions",
@@ -175,7 +170,18 @@ def _chat(config: HostConfig, target: Target | None) -> str:
         "Content-Type: application/json",
         "-d",
         json.dumps(request),
+        limit=limit,
     )
+
+
+def _chat(config: HostConfig, target: Target | None) -> str:
+    request = {
+        "model": config.model_alias,
+        "stream": True,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    }
+    return chat(config, request)
 
 
 def _tool_call(stream: bool) -> Any:
@@ -184,16 +190,7 @@ def _tool_call(stream: bool) -> Any:
 
         if config.backend == "none":
             return None
-        request = openai_shape.tool_request(config.model_alias, stream)
-        return curl(
-            config,
-            "/v1/chat/completions",
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-            json.dumps(request),
-            limit=300,
-        )
+        return chat(config, openai_shape.tool_request(config.model_alias, stream), limit=300)
 
     return command
 

@@ -8,16 +8,7 @@ from pyinfra.api import deploy
 
 from gpubox import layout
 from gpubox.stages import current_config
-from gpubox.stages import render as render
-from gpubox.stages.llamacpp import flag_check_command as flag_check_command
-from gpubox.stages.llamacpp import llama_args as llama_args
-from gpubox.stages.llamacpp import llama_environment as llama_environment
 from gpubox.stages.llamacpp import llamacpp
-from gpubox.stages.llamacpp_build import BUILD_FILES as BUILD_FILES
-from gpubox.stages.llamacpp_build import BUILD_INFO as BUILD_INFO
-from gpubox.stages.llamacpp_build import LlamaBuild as LlamaBuild
-from gpubox.stages.llamacpp_build import build_commands as build_commands
-from gpubox.stages.llamacpp_build import llama_build as llama_build
 from gpubox.stages.model import model as model_stage
 from gpubox.stages.serving import stop_other
 from gpubox.stages.vllm import vllm

@@ -71,7 +71,7 @@ def llamacpp(config: HostConfig, model_change) -> None:
     b = llamacpp_build.llama_build(config)
     server.user(
         name="System user llama",
-        user="llama",
+        user=layout.LLAMA_USER,
         system=True,
         home=layout.LLAMA_HOME,
         shell="/usr/sbin/nologin",
@@ -89,6 +89,7 @@ def llamacpp(config: HostConfig, model_change) -> None:
         binary=b.binary,
         args=" ".join(shlex.quote(a) if "$" not in a else a for a in args),
         api_key_file=config.api_key_file,
+        user=layout.LLAMA_USER,
     )
     unit_path = layout.unit_file(layout.LLAMA_SERVER)
     unit = ManagedFiles({unit_path: unit_text}).put("llama-server unit", unit_path)
