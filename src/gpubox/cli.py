@@ -26,23 +26,43 @@ def _report(
     hosts: list[tuple[str, dict[str, Any]]], overrides: dict[str, Any], warnings: bool = True
 ) -> int:
     """Print every host's problems (with ``overrides`` applied); return the error count."""
-    errors = 0
+    return sum(errors for errors, _ in _report_by_host(hosts, overrides, warnings).values())
+
+
+def _report_by_host(
+    hosts: list[tuple[str, dict[str, Any]]], overrides: dict[str, Any], warnings: bool = True
+) -> dict[str, tuple[int, int]]:
+    """Print every host's problems; return (errors, warnings) per host."""
+    counts = {}
     for name, data in hosts:
         _, problems = config.validate(name, {**data, **overrides})
+        errors = warned = 0
         for problem in problems:
             if problem.severity == "error" or warnings:
                 print(f"{problem.severity}: {problem}")
             errors += problem.severity == "error"
-    return errors
+            warned += problem.severity != "error"
+        counts[name] = (errors, warned)
+    return counts
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     hosts = _load_hosts("check", args.inventory)
     if hosts is None:
         return 2
-    errors = _report(hosts, {})
+    counts = _report_by_host(hosts, {})
+    width = max(len(name) for name in counts)
+    for name, (errors, warned) in counts.items():
+        verdict = "valid" if not errors else f"{errors} error(s)"
+        print(f"{name:<{width}}  {verdict}" + (f", {warned} warning(s)" if warned else ""))
+    errors = sum(e for e, _ in counts.values())
     if errors:
-        print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
+        bad = sum(1 for e, _ in counts.values() if e)
+        print(
+            f"{errors} problem(s) on {bad} of {len(hosts)} host(s) in {args.inventory}; "
+            "no host was contacted",
+            file=sys.stderr,
+        )
         return 2
     print(f"{args.inventory}: {len(hosts)} host(s) valid")
     return 0

@@ -554,3 +554,44 @@ def test_main_inventory_benches_each_host_with_its_alias(
     record = bench.load_record("box-a")
     assert record is not None and record["url"] == f"http://127.0.0.1:{port}"
     assert bench.load_record("box-b") is None  # not benched: no record under its name
+
+
+def test_the_hosts_side_by_side_a_column_per_host() -> None:
+    slow = _fixed_report("http://gpu2:8080")
+    slow["levels"] = [bench_level(1, 30.5, 250.0, 33.3), bench_level(2, 52.0, 260.0, 38.0)]
+    table = bench.format_comparison({"gpu1": _fixed_report(), "gpu2": slow}).splitlines()
+    assert table[0].split() == ["gpu1", "gpu2"]
+    rows = {line[: line.index(",") + 13].strip(): line.split()[-2:] for line in table[1:]}
+    assert rows["output tok/s, 1 stream(s)"] == ["65.2", "30.5"]
+    assert rows["output tok/s, 4 stream(s)"] == ["180.5", "-"]  # gpu2 ran no 4-stream level
+    assert rows["median TPOT (ms), 2 stream(s)"] == ["17.90", "38.00"]
+    assert rows["failed requests, 4 stream(s)"] == ["1", "-"]
+    assert len(table) == 1 + 4 * 3
+
+
+def test_main_inventory_prints_the_hosts_side_by_side(
+    server: SyntheticServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server.ttft, server.interval = 0.005, 0.001
+    port = server.server_address[1]
+    inv = tmp_path / "inv.py"
+    inv.write_text(
+        "hosts = [\n"
+        + "".join(
+            f"    ('{name}', {{'ssh_hostname': '127.0.0.1', 'api_port': {port},"
+            f" 'model_alias': '{MODEL}'}}),\n"
+            for name in ("gpu1", "gpu2")
+        )
+        + "]\n"
+    )
+    key = tmp_path / "key"
+    key.write_text(KEY + "\n")
+    argv = ["--inventory", str(inv), "--api-key-file", str(key), "--concurrency", "1"]
+    assert bench.main([*argv, "--requests", "1", "--max-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    side = out.split("side by side (the same seeded prompts on every host):\n")[1]
+    assert side.splitlines()[0].split() == ["gpu1", "gpu2"]
+    assert side.splitlines()[1].startswith("output tok/s, 1 stream(s)")

@@ -33,6 +33,25 @@ def test_every_problem_of_every_host_is_listed(tmp_path, capsys):
     assert "error: b: driver_kernel_modules: open kernel modules do not work" in out
     assert "error: b: cuda_version: CUDA 13.0 cannot build for Tesla V100-SXM2-32GB" in out
     assert "error: c: gpu_model: unknown GPU model 'GeForce 256'; known models: " in out
+    # the check ends with one line per host
+    tail = out.splitlines()[-3:]
+    assert [line.split()[0] for line in tail] == ["a", "b", "c"]
+    assert all("error(s)" in line for line in tail), tail
+
+
+def test_the_check_ends_with_a_line_per_host(tmp_path, capsys):
+    inventory = tmp_path / "lab.py"
+    inventory.write_text(
+        "hosts = [\n"
+        "  ('gpu1', {'ssh_hostname': '192.0.2.1'}),\n"
+        "  ('gpu2-long-name', {'ssh_hostname': '192.0.2.2', 'gpu_count': 0}),\n"
+        "]\n"
+    )
+    assert main(["check", str(inventory)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[-2:] == ["gpu1            valid", "gpu2-long-name  1 error(s)"]
+    assert "1 problem(s) on 1 of 2 host(s)" in captured.err
 
 
 def test_missing_inventory_file(tmp_path, capsys):

@@ -758,3 +758,43 @@ def test_the_last_bench_is_found_by_url_and_names_another_model(
     assert doctor.format_bench(record, "qwen3-next").startswith("last bench ")
     assert " of model other: 1 stream 65 tok/s" in doctor.format_bench(record, "qwen3-next")
     assert " of model" not in doctor.format_bench(record, "other")
+
+
+def test_the_fleet_table_opens_with_a_row_per_host(tmp_path: Path):
+    """Three hosts as a lab has them (one converged, one with a GPU missing and a link down,
+    one unreachable): one row each, readable, the deviations counted; the same rows in JSON."""
+    rows = []
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    healthy = StandinHost(tmp_path / "a")
+    view, verdicts, _ = check(healthy)
+    view["backend"]["last_bench"] = bench.summary_record(_bench_report("http://gpu1:8080"))
+    rows.append(doctor.fleet_row("gpu1", CONFIG, view, verdicts))
+    broken = StandinHost(tmp_path / "b")
+    st.set_gpu_present(broken.state, 1, False)
+    view, verdicts, _ = check(broken)
+    rows.append(doctor.fleet_row("gpu2", CONFIG, view, verdicts))
+    lost = checks.Verdict("ssh", "gpu3", "error", "cannot reach gpu3: refused", "check ssh_*")
+    rows.append(doctor.fleet_row("gpu3", CONFIG, None, [lost]))
+    table = doctor.render_fleet(rows).splitlines()
+    assert table[0].split() == [
+        "HOST", "OS", "DRIVER", "inst/loaded", "GPUS", "seen/want", "NVLINK", "BACKEND",
+        "BENCH", "1", "stream", "BURN-IN", "DEVIATIONS",
+    ]  # fmt: skip
+    assert table[1].split() == [
+        "gpu1", "debian", "12", PIN, "2/2", "2/2", "up", "llamacpp", "200", "65", "tok/s",
+        "passed", "2d", "ago", "0",
+    ]  # fmt: skip
+    gpu2 = table[2].split()
+    assert gpu2[:4] == ["gpu2", "debian", "12", PIN] and "1/2" in gpu2 and "DOWN" in gpu2
+    assert int(gpu2[-1]) >= 2  # gpu.listed, nvlink.links, nvlink.topology ...
+    assert table[3].split()[:2] == ["gpu3", "unreachable"] and table[3].split()[-1] == "1"
+    assert table[4] == "3 host(s): 1 as the inventory says, 2 deviating"
+    # the columns line up: each header starts where its cells start
+    for title, cell in (("OS", "debian"), ("GPUS", "2/2"), ("DEVIATIONS", "0")):
+        column = table[0].index("  " + title) + 2
+        assert table[1][column:].startswith(cell) and table[1][column - 2 : column] == "  "
+    assert all(len(line) < 140 for line in table)
+    document = json.loads(doctor.render_json([], rows))
+    assert [row["host"] for row in document["fleet"]] == ["gpu1", "gpu2", "gpu3"]
+    assert document["fleet"][0]["bench"] == "65 tok/s"

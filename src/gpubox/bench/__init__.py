@@ -36,7 +36,7 @@ from gpubox.bench.metrics import (
     summarize,
     tpot,
 )
-from gpubox.bench.output import format_table, write_plot
+from gpubox.bench.output import format_comparison, format_table, write_plot
 from gpubox.bench.records import (
     host_url,
     load_record,
@@ -59,6 +59,7 @@ __all__ = [
     "Settings",
     "bench_endpoint",
     "build_parser",
+    "format_comparison",
     "format_table",
     "host_url",
     "level_metrics",

@@ -29,7 +29,7 @@ from typing import Any
 
 from gpubox.bench import llamabench
 from gpubox.bench.client import KEY_ENV, BenchError, Endpoint, normalize_url
-from gpubox.bench.output import format_table, write_plot
+from gpubox.bench.output import format_comparison, format_table, write_plot
 from gpubox.bench.records import host_url, save_record, summary_record
 from gpubox.bench.runner import Settings, bench_endpoint
 
@@ -232,6 +232,9 @@ def main(argv: list[str]) -> int:
             save_record(summary_record(report), label or None)
         except OSError as exc:
             print(f"gpubox bench: cannot keep the figures for doctor: {exc}", file=sys.stderr)
+    if len(reports) > 1:  # --inventory: the hosts side by side
+        print("\nside by side (the same seeded prompts on every host):")
+        print(format_comparison(reports))
     llama_rc, llama = llamabench.main_hook(args, reports)  # --llama-bench, --split-modes
     if args.json:
         document = {

@@ -48,6 +48,36 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+COMPARED: tuple[tuple[str, str, str], ...] = (
+    ("output tok/s", "output_throughput", ".1f"),
+    ("median TTFT (ms)", "median_ttft_ms", ".1f"),
+    ("median TPOT (ms)", "median_tpot_ms", ".2f"),
+    ("failed requests", "failed", "d"),
+)
+
+
+def format_comparison(reports: dict[str, dict[str, Any]]) -> str:
+    """One table, a column per endpoint (host), a row per figure and concurrency level: the
+    same seeded prompts on every host, side by side."""
+    names = list(reports)
+    levels = sorted({lv["max_concurrency"] for r in reports.values() for lv in r["levels"]})
+    by_level = {
+        name: {lv["max_concurrency"]: lv for lv in report["levels"]}
+        for name, report in reports.items()
+    }
+    width = max(12, *(len(n) + 2 for n in names))
+    label_width = max(len(f"{label}, {n} stream(s)") for label, _, _ in COMPARED for n in levels)
+    lines = [" " * label_width + "".join(n.rjust(width) for n in names)]
+    for label, key, fmt in COMPARED:
+        for n in levels:
+            cells = []
+            for name in names:
+                value = by_level[name].get(n, {}).get(key)
+                cells.append(("-" if value is None else format(value, fmt)).rjust(width))
+            lines.append(f"{label}, {n} stream(s)".ljust(label_width) + "".join(cells))
+    return "\n".join(lines)
+
+
 def write_plot(reports: dict[str, dict[str, Any]], path: str) -> str | None:
     """Output throughput and median TPOT against concurrency, two panels, one line per
     endpoint; an error message or None. matplotlib (the optional extra "plot") is imported

@@ -6,14 +6,22 @@ that act on the box (a container run, a GPU load). Modules:
 
 - ``cli``: read each host's facts once (``gather``), judge them (``evaluate``), print; ``main``.
 - ``view``: ``describe``, the host's state as one JSON-able view (pure).
-- ``render``: ``render_text`` (one screen per host), ``render_json``, ``format_bench``."""
+- ``render``: ``render_fleet`` (one table, a row per host), ``render_text`` (one screen per
+  host), ``render_json``, ``format_bench``."""
 
 from __future__ import annotations
 
 from gpubox.checks import Output, Verdict
 from gpubox.checks.core import Unreachable
 from gpubox.doctor.cli import doctor_checks, evaluate, gather, main
-from gpubox.doctor.render import format_bench, host_report, render_json, render_text
+from gpubox.doctor.render import (
+    fleet_row,
+    format_bench,
+    host_report,
+    render_fleet,
+    render_json,
+    render_text,
+)
 from gpubox.doctor.view import describe
 
 __all__ = [
@@ -23,10 +31,12 @@ __all__ = [
     "describe",
     "doctor_checks",
     "evaluate",
+    "fleet_row",
     "format_bench",
     "gather",
     "host_report",
     "main",
+    "render_fleet",
     "render_json",
     "render_text",
 ]

@@ -16,7 +16,13 @@ from typing import Any
 from gpubox import bench, checks
 from gpubox.checks.core import FACTS, Unreachable
 from gpubox.config import ConfigError, HostConfig, load_host_config
-from gpubox.doctor.render import host_report, render_json, render_text
+from gpubox.doctor.render import (
+    fleet_row,
+    host_report,
+    render_fleet,
+    render_json,
+    render_text,
+)
 from gpubox.doctor.view import describe
 
 
@@ -88,8 +94,9 @@ def main(argv: list[str]) -> int:
         except ConfigError as exc:
             print(f"gpubox doctor: {exc}\n(gpubox check {args.inventory})", file=sys.stderr)
             return 2
-    reports = []
-    deviations = False
+    reports: list[dict[str, Any]] = []
+    screens: list[str] = []
+    rows: list[dict[str, Any]] = []
     now = datetime.datetime.now(datetime.UTC)
     with tempfile.TemporaryDirectory(prefix="gpubox-doctor-") as tmp:
         ssh_config = Path(tmp) / "ssh_config"
@@ -109,22 +116,22 @@ def main(argv: list[str]) -> int:
                     f"cannot reach {name}: {exc}",
                     "check ssh_* in the inventory",
                 )
-                deviations = True
-                if args.json:
-                    reports.append(
-                        {"host": name, "ok": False, "findings": [asdict(verdict)], "checks": {}}
-                    )
-                else:
-                    print(f"== {name}: unreachable\n  ! {verdict}\n")
+                reports.append(
+                    {"host": name, "ok": False, "findings": [asdict(verdict)], "checks": {}}
+                )
+                screens.append(f"== {name}: unreachable\n  ! {verdict}\n")
+                rows.append(fleet_row(name, config, None, [verdict]))
                 continue
             url = bench.host_url(name, data.get("ssh_hostname"), config.api_port)
             view = describe(config, facts, now, last_bench=bench.load_record(name, url))
             verdicts = evaluate(name, config, facts, args.inventory)
-            deviations = deviations or any(v.failed for v in verdicts)
-            if args.json:
-                reports.append(host_report(name, view, verdicts))
-            else:
-                print(render_text(name, view, verdicts))
+            reports.append(host_report(name, view, verdicts))
+            screens.append(render_text(name, view, verdicts))
+            rows.append(fleet_row(name, config, view, verdicts))
     if args.json:
-        print(render_json(reports), end="")
+        print(render_json(reports, rows), end="")
+    else:
+        print(render_fleet(rows))
+        print("\n".join(screens), end="")
+    deviations = any(not report["ok"] for report in reports)
     return 1 if deviations else 0

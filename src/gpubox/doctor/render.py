@@ -211,6 +211,112 @@ def host_report(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> dic
     }
 
 
-def render_json(reports: list[dict[str, Any]]) -> str:
-    """Every host's report as one JSON document."""
-    return json.dumps({"hosts": reports}, indent=2, sort_keys=False) + "\n"
+def render_json(reports: list[dict[str, Any]], fleet: list[dict[str, Any]] | None = None) -> str:
+    """Every host's report as one JSON document, with the fleet table's rows."""
+    document: dict[str, Any] = {"hosts": reports}
+    if fleet is not None:
+        document["fleet"] = fleet
+    return json.dumps(document, indent=2, sort_keys=False) + "\n"
+
+
+# --------------------------------------------------------------------------- the fleet
+
+FLEET_COLUMNS = [
+    ("host", "HOST"),
+    ("os", "OS"),
+    ("driver", "DRIVER inst/loaded"),
+    ("gpus", "GPUS seen/want"),
+    ("nvlink", "NVLINK"),
+    ("backend", "BACKEND"),
+    ("bench", "BENCH 1 stream"),
+    ("burnin", "BURN-IN"),
+    ("deviations", "DEVIATIONS"),
+]
+
+
+def fleet_row(
+    host: str, config: Any, view: dict[str, Any] | None, verdicts: list[Verdict]
+) -> dict[str, Any]:
+    """One host's line of the fleet table (JSON-able); ``view`` None: unreachable."""
+    failed = sum(v.failed for v in verdicts)
+    if view is None:
+        return {
+            "host": host,
+            **{key: "-" for key, _ in FLEET_COLUMNS[1:-1]},
+            "os": "unreachable",
+            "deviations": failed,
+        }
+    os_view = view["os"]
+    if "error" in os_view:
+        os_text = "?"
+    else:
+        os_text = f"{os_view.get('id', '?')} {os_view.get('version_id', '')}".strip()
+    drv = view["driver"]
+    installed = sorted({p["installed"] for p in drv["packages"] or [] if p["installed"]})
+    version = ", ".join(v.split("-")[0] for v in installed) or "none"
+    loaded = drv["loaded"] or "-"
+    gpus = view["gpus"]["gpus"]
+    seen = "?" if gpus is None else str(len(gpus))
+    return {
+        "host": host,
+        "os": os_text,
+        "driver": version if version == loaded else f"{version}/{loaded}",
+        "gpus": f"{seen}/{config.gpu_count}",
+        "nvlink": _fleet_nvlink(config, view),
+        "backend": _fleet_backend(view["backend"]),
+        "bench": _fleet_bench(view["backend"].get("last_bench")),
+        "burnin": _fleet_burnin(view["burnin"]),
+        "deviations": failed,
+    }
+
+
+def _fleet_nvlink(config: Any, view: dict[str, Any]) -> str:
+    if not config.nvlink:
+        return "-"
+    links = view["nvlink"]["links"]
+    if links is None:
+        return "?"
+    want = config.nvlink_links
+    up = [len(entry["up"]) for entry in links]
+    worst = min(up) if up else 0
+    ok = bool(up) and (worst == want if want is not None else worst > 0)
+    return f"{worst}/{want if want is not None else '?'} up" + ("" if ok else " DOWN")
+
+
+def _fleet_backend(backend: dict[str, Any]) -> str:
+    if backend["unit"] is None:
+        return "none"
+    return f"{backend['backend']} {backend['health'] or 'no answer'}"
+
+
+def _fleet_bench(record: dict[str, Any] | None) -> str:
+    levels = (record or {}).get("levels") or []
+    one = next((lv for lv in levels if lv.get("concurrency") == 1), levels[0] if levels else None)
+    if not one or one.get("output_throughput") is None:
+        return "-"
+    return f"{one['output_throughput']:.0f} tok/s"
+
+
+def _fleet_burnin(burnin: dict[str, Any]) -> str:
+    if not burnin["record"]:
+        return "none"
+    if "error" in burnin:
+        return "unreadable"
+    age = f" {burnin['age_days']}d ago" if burnin.get("age_days") is not None else ""
+    return ("passed" if burnin["passed"] else "FAILED") + age
+
+
+def render_fleet(rows: list[dict[str, Any]]) -> str:
+    """One table, a row per host, then a line that counts them."""
+    widths = [
+        max(len(title), *(len(str(row[key])) for row in rows)) for key, title in FLEET_COLUMNS
+    ]
+    lines = ["  ".join(t.ljust(w) for (_, t), w in zip(FLEET_COLUMNS, widths, strict=True))]
+    for row in rows:
+        cells = [str(row[key]) for key, _ in FLEET_COLUMNS]
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    deviating = sum(1 for row in rows if row["deviations"])
+    lines.append(
+        f"{len(rows)} host(s): {len(rows) - deviating} as the inventory says, {deviating} deviating"
+    )
+    return "\n".join(lines) + "\n"
