@@ -147,3 +147,18 @@ def test_burnin_runs_pyinfra_on_a_valid_inventory(capsys, monkeypatch):
     assert argv[1:5] == ["-y", "--data", "burnin_seconds=5", inventory]
     assert argv[5].endswith("deploy/burnin.py")
     assert capsys.readouterr().out == ""  # warnings are check's to print, not burnin's
+
+
+def test_the_lab_inventory_shares_group_data_and_lets_a_host_override_it(capsys):
+    from gpubox import inventory
+
+    assert main(["check", str(ROOT / "inventories/lab.py")]) == 0
+    assert capsys.readouterr().out.splitlines()[:3] == ["gpu1  valid", "gpu2  valid", "gpu3  valid"]
+    data = dict(inventory.load(str(ROOT / "inventories/lab.py")))
+    assert {name: (d["gpu_model"], d["gpu_count"], d["nvlink"]) for name, d in data.items()} == {
+        "gpu1": ("Tesla V100-SXM2-32GB", 2, True),  # the group's
+        "gpu2": ("Tesla T4", 1, False),  # its own, over the group's
+        "gpu3": ("Tesla V100-SXM2-32GB", 2, True),
+    }
+    assert data["gpu2"]["backend"] == "none" and "backend" not in data["gpu1"]
+    assert {d["ssh_user"] for d in data.values()} == {"root"}
