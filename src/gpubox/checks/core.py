@@ -74,9 +74,19 @@ class Fact:
 
     @property
     def reads_with(self) -> str:
+        """The parser's name as a reader finds it: ``parsers.parse_apt_policy``,
+        ``checks.facts.parse_http``, ``json.loads``; "raw output" without one."""
         if self.parser_name:
             return self.parser_name
-        return getattr(self.parse, "__qualname__", "raw output") if self.parse else "raw output"
+        if self.parse is None:
+            return "raw output"
+        module = getattr(self.parse, "__module__", None) or ""
+        name = getattr(self.parse, "__qualname__", repr(self.parse))
+        if module.startswith("gpubox.parsers"):
+            return f"parsers.{name}"
+        if module.startswith("gpubox."):
+            return f"{module.removeprefix('gpubox.')}.{name}"
+        return f"{module}.{name}" if module and module != "builtins" else name
 
 
 class Unreadable(Exception):

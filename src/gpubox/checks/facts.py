@@ -59,6 +59,17 @@ def parse_sections(text: str) -> dict[str, str]:
     return sections
 
 
+def first_word(text: str) -> str:
+    """`sha256sum FILE`: the checksum, the first word."""
+    return text.split()[0]
+
+
+def parse_inspect(text: str) -> dict[str, Any]:
+    """`docker inspect NAME`: the one container's record."""
+    (record,) = json.loads(text)
+    return dict(record)
+
+
 def section(name: str) -> str:
     return f"echo {shlex.quote(SECTION + name)}"
 
@@ -336,10 +347,10 @@ fact(
     Fact("api_metrics", _llamacpp(lambda c, t: curl(c, "/metrics")), parse_http),
     Fact("llama_build", _llama_build, parse_sections),
     Fact("model_state", _model_state),
-    Fact("model_sha256", _model_sha256, lambda s: s.split()[0], active=True),
+    Fact("model_sha256", _model_sha256, first_word, active=True),
     Fact("tool_call_whole", _tool_call(False), parse_http, active=True),
     Fact("tool_call_streamed", _tool_call(True), parse_http, active=True),
-    Fact("vllm_inspect", _vllm(f"docker inspect {layout.VLLM}"), lambda s: json.loads(s)[0]),
+    Fact("vllm_inspect", _vllm(f"docker inspect {layout.VLLM}"), parse_inspect),
     Fact("vllm_cache_files", _vllm_cache_files, parse_sections),
     Fact("vllm_compat", _vllm_compat, active=True),
 )
