@@ -1,7 +1,7 @@
 """Benchmark: the first full deploy on a fresh sandbox box against the no-op re-deploy.
 
 Prints wall time and operation counts of each run (figures, not assertions). Usage, as root:
-    .venv/bin/python benchmarks/deploy_timing.py [--keep]
+    .venv/bin/python benchmarks/deploy_timing.py [--keep] [--boxes N]
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from gpubox import demo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep", action="store_true", help="leave the box up afterwards")
+    parser.add_argument(
+        "--boxes", type=int, default=1, help="boot this many sandbox boxes (1 to 4) and deploy all"
+    )
     args = parser.parse_args()
 
     demo.sandbox("down", check=False)
     start = time.monotonic()
-    demo.sandbox("up")
+    demo.sandbox("up", "--boxes", str(args.boxes))
     boot = time.monotonic() - start
     first = demo.deploy()
     second = demo.deploy()
@@ -35,6 +38,7 @@ def main() -> int:
         return 1
     ratio = second.seconds / first.seconds if first.seconds else float("nan")
     figures = {
+        "boxes": args.boxes,
         "sandbox_up_s": round(boot, 1),
         "first_deploy_s": round(first.seconds, 1),
         "first_deploy_operations": first.operations,
@@ -45,6 +49,7 @@ def main() -> int:
         "noop_over_first": round(ratio, 3),
         "noop_deploy_without_checks_s": round(unchecked.seconds, 1),
     }
+    print(f"boxes:                         {args.boxes:6d}")
     print(f"sandbox up (fresh copy, boot):  {boot:6.1f} s")
     print(
         f"first deploy/full.py:          {first.seconds:6.1f} s  "
@@ -61,7 +66,8 @@ def main() -> int:
     )
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
-    (out / "deploy_timing.json").write_text(json.dumps(figures, indent=2) + "\n")
+    name = "deploy_timing.json" if args.boxes == 1 else f"deploy_timing_{args.boxes}boxes.json"
+    (out / name).write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 

@@ -1,9 +1,11 @@
 """Converge a box: pyinfra INVENTORY deploy/full.py (safe to re-run).
 
 The inventory is validated first (every host, every problem at once), then each stage
-preflights its host; a refused run changes nothing. Burn-in is separate: deploy/burnin.py.
+preflights its host; a refused run changes nothing. Among several hosts, a host refused by its
+preflight fails alone and the others converge in the same run. Burn-in: deploy/burnin.py.
 The run ends with the quick checks of gpubox.checks (verify_after_deploy, on by default)."""
 
+from gpubox.errors import HostRefused
 from gpubox.stages import current_config
 from gpubox.stages.backend import backend
 from gpubox.stages.container_toolkit import container_toolkit
@@ -15,11 +17,14 @@ from gpubox.stages.tools import tools
 from gpubox.verify import verify
 
 current_config()
-driver()
-cuda()
-docker()
-container_toolkit()
-dcgm()
-tools()
-backend()
-verify()
+try:
+    driver()
+    cuda()
+    docker()
+    container_toolkit()
+    dcgm()
+    tools()
+    backend()
+    verify()
+except HostRefused:
+    pass  # this host was refused and failed alone (the reason is in the output)

@@ -148,13 +148,22 @@ class CheckRun:
     skipped: int
     output: str
     failures: dict[str, str] = field(default_factory=dict)  # check id -> failure message
+    # host -> check id -> failure message (an inventory of several hosts)
+    by_host: dict[str, dict[str, str]] = field(default_factory=dict)
+    hosts: set[str] = field(default_factory=set)  # every host a test ran for
 
 
 def check_id(test_name: str) -> str:
     """The check of a host-check test: ``test_check[HOST:CHECK]`` -> ``CHECK``."""
+    return host_and_check(test_name)[1]
+
+
+def host_and_check(test_name: str) -> tuple[str, str]:
+    """``test_check[HOST:CHECK]`` -> (HOST, CHECK); ("", name) for another test."""
     if "[" not in test_name:
-        return test_name
-    return test_name.split("[", 1)[1].rstrip("]").split(":", 1)[-1]
+        return "", test_name
+    host, _, check = test_name.split("[", 1)[1].rstrip("]").rpartition(":")
+    return host, check
 
 
 def checks(inventory: str = INVENTORY, extra: tuple[str, ...] = ()) -> CheckRun:
@@ -180,13 +189,16 @@ def checks(inventory: str = INVENTORY, extra: tuple[str, ...] = ()) -> CheckRun:
         if not report.exists():
             return run
         for case in ElementTree.parse(report).getroot().iter("testcase"):
-            name = check_id(case.get("name", "?"))
+            host, name = host_and_check(case.get("name", "?"))
+            run.hosts.add(host)
             problem = case.find("failure")
             if problem is None:
                 problem = case.find("error")
             if problem is not None:
                 run.failed += 1
-                run.failures[name] = problem.get("message", "") + "\n" + (problem.text or "")
+                message = problem.get("message", "") + "\n" + (problem.text or "")
+                run.failures[name] = message
+                run.by_host.setdefault(host, {})[name] = message
             elif case.find("skipped") is not None:
                 run.skipped += 1
             else:

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from pyinfra.api.exceptions import PyinfraError
 
-__all__ = ["DeployRefused"]
+__all__ = ["DeployRefused", "HostRefused"]
 
 
 class DeployRefused(PyinfraError):
     """Raised before any operation is added: the inventory or the host is not fit."""
+
+
+class HostRefused(DeployRefused):
+    """One host of several refused: it is marked failed and the others go on. deploy/full.py
+    catches it around its stages; anywhere else it stops the run like DeployRefused."""

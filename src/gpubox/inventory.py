@@ -70,7 +70,17 @@ def _line_in(exc: BaseException, path: str) -> int | None:
 
 def ssh_config_entry(name: str, data: dict[str, Any]) -> str:
     """An ssh_config block for testinfra's paramiko backend (--ssh-config)."""
-    lines = [f"Host {name}", f"  HostName {data.get('ssh_hostname') or name}"]
+    hostname, proxy = data.get("ssh_hostname") or name, None
+    if data.get("ssh_config_file"):  # pyinfra's key: an ssh_config (HostName, ProxyCommand)
+        import paramiko
+
+        found = paramiko.SSHConfig.from_path(os.path.expanduser(data["ssh_config_file"]))
+        entry = found.lookup(hostname)
+        proxy = entry.get("proxycommand")
+        hostname = entry.get("hostname", hostname)
+    lines = [f"Host {name}", f"  HostName {hostname}"]
+    if proxy:
+        lines.append(f"  ProxyCommand {proxy}")
     if data.get("ssh_port"):
         lines.append(f"  Port {data['ssh_port']}")
     if data.get("ssh_user"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from gpubox import compat
 from gpubox.config import HostConfig, Problem, Target, target_for
@@ -115,7 +115,6 @@ def run(config: HostConfig) -> Target:
     target."""
     from pyinfra import host, logger
 
-    from gpubox.errors import DeployRefused
     from gpubox.facts import NvidiaPciDevices, OsRelease, SecureBoot, UserId
 
     passed = _passed.setdefault(host.state, {})
@@ -138,7 +137,7 @@ def run(config: HostConfig) -> Target:
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         lines = "\n".join(f"  - {p}" for p in errors)
-        raise DeployRefused(f"preflight failed, nothing was changed:\n{lines}")
+        refuse(f"preflight failed, nothing was changed:\n{lines}")
     target = target_for(os_release, config.catalog)
     assert target is not None
     repository_problems(config, target)
@@ -152,7 +151,6 @@ def repository_problems(config: HostConfig, target: Target) -> None:
     from pyinfra import host, logger
 
     from gpubox import driver_plan, offers
-    from gpubox.errors import DeployRefused
     from gpubox.facts import DockerEngine
 
     sets, indexes = offers.ask(config, target, host.get_fact(DockerEngine))
@@ -172,7 +170,25 @@ def repository_problems(config: HostConfig, target: Target) -> None:
         )
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
-        raise DeployRefused(
+        refuse(
             "preflight failed, nothing was changed: the repositories do not offer what the "
             f"catalog pins:\n{lines}"
         )
+
+
+def refuse(message: str) -> NoReturn:
+    """Refuse the current host. Alone (or the last one left), the run stops with ``message``
+    (DeployRefused); among others, the host fails alone: the reason is logged with its name,
+    pyinfra marks it failed (none of its operations runs) and HostRefused ends its deploy
+    file, while the other hosts go on."""
+    from pyinfra import host, logger
+
+    from gpubox.errors import DeployRefused, HostRefused
+
+    state = host.state
+    me = {h for h in state.active_hosts if h.name == host.name}  # `host` is a context proxy
+    if not me or not state.active_hosts - me:
+        raise DeployRefused(message)
+    logger.error(f"{host.name}: {message}\n(only {host.name} stops; the other hosts go on)")
+    state.fail_hosts(me)
+    raise HostRefused(f"{host.name}: {message}")

@@ -1697,3 +1697,20 @@ def test_debians_legacy_check_finds_the_gt_710(built, box: Box, tmp_path: Path):
             device["present"] = False
     box.save(state)
     assert found() == ""
+
+
+def test_the_t4_box_answers_as_the_recorded_t4_capture(tmp_path: Path):
+    """The fleet's second box: one Tesla T4, no NVLink; name, bus id and memory as the real
+    1x T4 `nvidia-smi --query-gpu` capture has them; lspci names the T4's PCI id."""
+    box = Box(tmp_path, st.t4_state())
+    capture = fixture("nvidia-smi/query-gpu_csv_1xT4_NA.csv").splitlines()
+    header = [h.strip() for h in capture[0].split(",")]
+    real = dict(zip(header, (v.strip() for v in capture[1].split(",")), strict=True))
+    [gpu] = query(box)
+    assert (gpu["name"], gpu["pci.bus_id"]) == (real["name"], real["pci.bus_id"])
+    assert gpu["memory.total"] == real["memory.total [MiB]"] == "15360"
+    assert box.smi_ok("-L").startswith("GPU 0: Tesla T4 (UUID: GPU-")
+    devices = parsers.parse_lspci(box.lspci("-Dnn", "-d", "10de:").stdout)
+    t4 = [d for d in devices if d.class_code == "0302"]
+    assert [(d.vendor_id, d.device_id) for d in t4] == [("10de", "1eb8")]
+    assert "Tesla T4" in t4[0].description

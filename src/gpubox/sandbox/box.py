@@ -53,9 +53,18 @@ from gpubox.sandbox.common import (
     process_start_time,
 )
 
-NAME = "gpubox-sandbox"  # machine name, network namespace, ssh host alias, hostname
+# Up to MAX_BOXES boxes at once (gpubox sandbox up --boxes N). Box 1 is "gpubox-sandbox";
+# box k is "gpubox-sandbox-k", with its own network namespace, state directory, root
+# filesystem copy, SSH port, stand-in GPU state and hostname; the caches are shared. A
+# process works on one box at a time: use_box(k), or $GPUBOX_SANDBOX_BOX for our children.
+BOX_ENV = "GPUBOX_SANDBOX_BOX"
+MAX_BOXES = 4
+BASE_NAME = "gpubox-sandbox"
+BASE_SSH_PORT = 2222
+BOX = 1
+NAME = BASE_NAME  # machine name, network namespace, ssh host alias, hostname
 NETNS_PATH = Path("/run/netns") / NAME
-SSH_PORT = 2222
+SSH_PORT = BASE_SSH_PORT
 SSH_USER = "root"
 SSH_HOST = "127.0.0.1"
 REPO_PORT = 8765
@@ -106,16 +115,45 @@ HOST_COMMANDS = {
     "socat": "socat",
 }
 
-SSHD_DROPIN = f"""\
+SSHD_DROPIN_PATH = "etc/ssh/sshd_config.d/10-sandbox.conf"
+
+
+def sshd_dropin(port: int = BASE_SSH_PORT) -> str:
+    return f"""\
 # gpubox sandbox: sshd of the local stand-in box (never shipped to a real box).
 # Debian's sshd_config includes sshd_config.d/*.conf first, so these settings win.
 ListenAddress {SSH_HOST}
-Port {SSH_PORT}
+Port {port}
 PermitRootLogin prohibit-password
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UseDNS no
 """
+
+
+SSHD_DROPIN = sshd_dropin()
+
+
+def box_name(k: int) -> str:
+    return BASE_NAME if k == 1 else f"{BASE_NAME}-{k}"
+
+
+def use_box(k: int) -> None:
+    """Make box ``k`` (1..MAX_BOXES) the one this process works on."""
+    global BOX, NAME, NETNS_PATH, SSH_PORT
+    if not 1 <= k <= MAX_BOXES:
+        raise SandboxError(f"box {k}: the sandbox has boxes 1 to {MAX_BOXES}")
+    BOX, NAME = k, box_name(k)
+    NETNS_PATH = Path("/run/netns") / NAME
+    SSH_PORT = BASE_SSH_PORT + k - 1
+
+
+def _box_from_env() -> int:
+    value = os.environ.get(BOX_ENV, "1")
+    return int(value) if value.isdigit() else 1
+
+
+use_box(_box_from_env())
 
 
 Progress = Callable[[str], None]
@@ -132,10 +170,13 @@ def _quiet(message: str) -> None:
 # --------------------------------------------------------------------------- paths
 
 
-def state_dir() -> Path:
-    """The running box's state: $GPUBOX_STATE_DIR or ~/.local/state/gpubox/sandbox."""
+def state_dir(k: int | None = None) -> Path:
+    """A box's state (the current box's by default): $GPUBOX_STATE_DIR or
+    ~/.local/state/gpubox/sandbox for box 1; the same with "-k" for box k."""
     env = os.environ.get("GPUBOX_STATE_DIR")
-    return Path(env) if env else Path.home() / ".local" / "state" / "gpubox" / "sandbox"
+    base = Path(env) if env else Path.home() / ".local" / "state" / "gpubox" / "sandbox"
+    k = BOX if k is None else k
+    return base if k == 1 else base.with_name(f"{base.name}-{k}")
 
 
 def _box_json(sdir: Path) -> Path:
@@ -153,6 +194,7 @@ _HELPER = "import sys; from gpubox.sandbox.{module} import main; sys.exit(main(s
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
+    env[BOX_ENV] = str(BOX)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(_src_root()), env.get("PYTHONPATH", "")) if p
     )
@@ -416,10 +458,10 @@ def _customise_pristine(root: Path) -> None:
             lists.unlink()
     shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
     (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
-    dropin = root / "etc/ssh/sshd_config.d/10-sandbox.conf"
+    dropin = root / SSHD_DROPIN_PATH
     dropin.parent.mkdir(parents=True, exist_ok=True)
     dropin.write_text(SSHD_DROPIN)
-    (root / "etc/hostname").write_text(NAME + "\n")
+    (root / "etc/hostname").write_text(BASE_NAME + "\n")
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (root / "usr/local/sbin").mkdir(parents=True, exist_ok=True)
@@ -488,6 +530,8 @@ def _clean_old_boxes(boxes: Path, keep: Path) -> None:
 def _prepare_box_rootfs(root: Path, mirror: str, pubkey: str) -> None:
     """Per-box settings of a fresh copy: keys, identity, apt sources, hosts, hardware, and a
     stand-in of the running kernel's image and headers (for DKMS)."""
+    (root / SSHD_DROPIN_PATH).write_text(sshd_dropin(SSH_PORT))
+    (root / "etc/hostname").write_text(NAME + "\n")
     (root / "root/.ssh/authorized_keys").write_text(pubkey)
     os.chmod(root / "root/.ssh/authorized_keys", 0o600)
     (root / "etc/machine-id").write_text(secrets.token_hex(16) + "\n")
@@ -539,7 +583,8 @@ def install_hardware(root: Path) -> None:
     from gpubox.sandbox import standin
     from gpubox.sandbox.standin import state as standin_state
 
-    standin_state.save_state(standin_state.default_state(), _in_box(root, standin.STATE_PATH))
+    hardware = standin_state.t4_state() if BOX == 2 else standin_state.default_state()
+    standin_state.save_state(hardware, _in_box(root, standin.STATE_PATH))
     # Maintainer scripts run with apt's DPkg::Path (/usr/sbin:/usr/bin:/sbin:/bin), without
     # /usr/local/sbin: Debian's nvidia-legacy-check preinst runs `lspci -mn` (STANDINS.md). A
     # local dpkg diversion keeps pciutils' own lspci, once installed, at lspci.distrib, so the
@@ -737,20 +782,42 @@ def _write_ssh_config(sdir: Path, key: Path) -> Path:
         "    StrictHostKeyChecking no\n"
         "    UserKnownHostsFile /dev/null\n"
         "    LogLevel ERROR\n"
+        "\n"
+        "# from any network namespace (a fleet run reaches every box this way)\n"
+        f"Host {NAME}.fleet\n"
+        f"    HostName {SSH_HOST}\n"
+        f"    Port {SSH_PORT}\n"
+        f"    User {SSH_USER}\n"
+        f"    IdentityFile {key}\n"
+        "    IdentitiesOnly yes\n"
+        "    StrictHostKeyChecking no\n"
+        "    UserKnownHostsFile /dev/null\n"
+        "    LogLevel ERROR\n"
+        f"    ProxyCommand {' '.join(proxy_command())}\n"
     )
     return path
 
 
-def netns_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` run inside the box's network namespace."""
-    return ["ip", "netns", "exec", NAME, *argv]
+def proxy_command(k: int | None = None) -> list[str]:
+    """An ssh ProxyCommand that reaches box ``k``'s sshd through its network namespace."""
+    k = BOX if k is None else k
+    port = BASE_SSH_PORT + k - 1
+    return ["ip", "netns", "exec", box_name(k), "socat", "STDIO", f"TCP:{SSH_HOST}:{port}"]
+
+
+def netns_argv(argv: Sequence[str], netns: str | None = None) -> list[str]:
+    """``argv`` run inside a box's network namespace (the current box's by default)."""
+    return ["ip", "netns", "exec", netns or NAME, *argv]
 
 
 def ssh_argv(info: dict[str, Any], command: Sequence[str] = (), tty: bool = False) -> list[str]:
-    """An ssh command line into the box (to run on the host: it enters the namespace)."""
+    """An ssh command line into the box of ``info`` (to run on the host: it enters the
+    box's namespace)."""
     options = ["-F", info["ssh_config"], "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
     options.append("-t" if tty else "-T")
-    return netns_argv(["ssh", *options, NAME, *(["--", *command] if command else [])])
+    alias = info.get("ssh_host_alias", NAME)
+    argv = ["ssh", *options, alias, *(["--", *command] if command else [])]
+    return netns_argv(argv, info.get("netns"))
 
 
 def ssh(
@@ -1020,12 +1087,12 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
     ccache = cache_dir() / "ccache"
     ccache.mkdir(parents=True, exist_ok=True)
 
-    boxes = cache_dir() / "boxes"
+    boxes = cache_dir() / "boxes" / NAME
     boxes.mkdir(parents=True, exist_ok=True)
     box_dir = boxes / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     rootfs = box_dir / "rootfs"
     (sdir / "logs").mkdir(parents=True, exist_ok=True)
-    for stale in ("stopping", "nspawn.pid", "mirror.sock"):
+    for stale in ("stopping", "nspawn.pid", "mirror.sock", "ssh.sock"):
         (sdir / stale).unlink(missing_ok=True)
     key = _ensure_key(sdir)
     known_hosts = sdir / "known_hosts"
@@ -1034,6 +1101,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
 
     state: dict[str, Any] = {
         "name": NAME,
+        "box": BOX,
         "state": "starting",
         "state_dir": str(sdir),
         "rootfs": str(rootfs),
@@ -1133,6 +1201,9 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
         procs["hub_server"] = _spawn_server(sdir, "hub", hub_args, procs["supervisor"])
         _write_state(sdir, state)
         _wait_for(lambda: _listening(procs["hub_server"], HUB_PORT), 10, "the Hub and PyPI mirror")
+        if BOX > 1:
+            _bridge_ssh(sdir, procs)
+            _write_state(sdir, state)
         _wait_for(lambda: _nspawn_record(sdir) is not None, 10, "systemd-nspawn to start")
         procs["nspawn"] = _nspawn_record(sdir)
         t1 = time.monotonic()
@@ -1158,6 +1229,82 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
             f"the box is up but {system_state}; failed units:\n" + failed_units(state)
         )
     return state
+
+
+def _bridge_ssh(sdir: Path, procs: dict[str, Any]) -> None:
+    """Box k's sshd, reachable at 127.0.0.1:SSH_PORT in box 1's network namespace too, where
+    pyinfra, the host checks and doctor run for the sandbox (gpubox sandbox exec): a socat
+    pair through a unix socket, as the Debian mirror's bridge."""
+    fleet_netns = Path("/run/netns") / BASE_NAME
+    if not fleet_netns.exists():
+        raise SandboxError(f"box {BOX} needs box 1 up first (its namespace {BASE_NAME})")
+    sock = sdir / "ssh.sock"
+    procs["ssh_bridge_box"] = _spawn(
+        netns_argv(
+            [
+                "socat",
+                f"UNIX-LISTEN:{sock},fork,unlink-early,mode=600",
+                f"TCP:{SSH_HOST}:{SSH_PORT}",
+            ]
+        ),
+        sdir / "logs" / "ssh-bridge-box.log",
+    )
+    _wait_for(lambda: sock.exists(), 5, "the box side of the ssh bridge")
+    procs["ssh_bridge_fleet"] = _spawn(
+        netns_argv(
+            [
+                "socat",
+                f"TCP-LISTEN:{SSH_PORT},bind={SSH_HOST},reuseaddr,fork",
+                f"UNIX-CONNECT:{sock}",
+            ],
+            BASE_NAME,
+        ),
+        sdir / "logs" / "ssh-bridge-fleet.log",
+    )
+
+
+def up_boxes(
+    count: int, rebuild: bool = False, progress: Progress = _stderr_progress
+) -> list[dict[str, Any]]:
+    """Boxes 1 to ``count`` up (one after another: they share the caches); their box.json."""
+    if not 1 <= count <= MAX_BOXES:
+        raise SandboxError(f"--boxes {count}: the sandbox runs 1 to {MAX_BOXES} boxes")
+    current, infos = BOX, []
+    try:
+        for k in range(1, count + 1):
+            use_box(k)
+            named = progress if k == 1 else _named(progress, NAME)
+            infos.append(up(rebuild=rebuild and k == 1, progress=named))
+    finally:
+        use_box(current)
+    return infos
+
+
+def down_all(progress: Progress = _stderr_progress) -> list[dict[str, Any]]:
+    """Every box down (those with a state or a network namespace); a report per box."""
+    current, reports = BOX, []
+    try:
+        for k in range(MAX_BOXES, 0, -1):  # box 1 last: the others' ssh bridges run in its netns
+            use_box(k)
+            if k > 1 and not (state_dir() / "box.json").exists() and not NETNS_PATH.exists():
+                continue
+            reports.append(down(progress if k == 1 else _named(progress, NAME)))
+    finally:
+        use_box(current)
+    return reports
+
+
+def box_infos() -> list[dict[str, Any]]:
+    """box.json of every box that is up, box 1 first."""
+    infos = []
+    for k in range(1, MAX_BOXES + 1):
+        with contextlib.suppress(SandboxNotUp):
+            infos.append(box_info(state_dir(k)))
+    return infos
+
+
+def _named(progress: Progress, name: str) -> Progress:
+    return lambda message: progress(f"{name}: {message}")
 
 
 def _listening(record: dict[str, int], port: int) -> bool:
@@ -1225,7 +1372,14 @@ def _down(sdir: Path, state: dict[str, Any], progress: Progress) -> dict[str, An
     # killing PID 1 of the box's PID namespace takes every process in the box with it
     if _signal(init, signal.SIGKILL):
         _wait_gone([init], 10)
-    for name in ("hub_server", "repo_server", "mirror_socat_netns", "mirror_socat_host"):
+    for name in (
+        "ssh_bridge_fleet",
+        "ssh_bridge_box",
+        "hub_server",
+        "repo_server",
+        "mirror_socat_netns",
+        "mirror_socat_host",
+    ):
         _stop(procs.get(name))
     # the box's own processes die with its PID namespace's init; make sure, by PID
     for pid in processes_in_namespace(pid_namespace):
@@ -1239,7 +1393,7 @@ def _down(sdir: Path, state: dict[str, Any], progress: Progress) -> dict[str, An
     with contextlib.suppress(OSError):  # nspawn's lock file for the box's directory
         st = rootfs.stat()
         Path(f"/run/systemd/nspawn/locks/inode-{st.st_dev}:{st.st_ino}").unlink()
-    for name in ("mirror.sock", "nspawn.pid", "nspawn.json"):
+    for name in ("mirror.sock", "ssh.sock", "nspawn.pid", "nspawn.json"):
         (sdir / name).unlink(missing_ok=True)
 
     problems = []

@@ -1,8 +1,10 @@
 """``gpubox sandbox``: bring the local stand-in box up and down, and reach it.
 
-gpubox sandbox up [--rebuild]     build/boot the box (prints its connection facts)
-gpubox sandbox down               power it off; nothing is left running
-gpubox sandbox status             whether it is up, and how to reach it
+gpubox sandbox up [--rebuild] [--boxes N]
+                                  build/boot the box, or boxes 1 to N (N up to 4)
+gpubox sandbox down               power every box off; nothing is left running
+gpubox sandbox status             whether each box is up, and how to reach it
+(ssh, exec, fault and image take --box K: box K, 1 by default)
 gpubox sandbox ssh [-- CMD ...]   a shell or a command in the box (exit status passed on)
 gpubox sandbox exec -- CMD ...    a host command inside the box's network namespace,
                                   where the box is 127.0.0.1 (pyinfra, pytest)
@@ -62,6 +64,37 @@ def _print_facts(info: dict[str, object]) -> None:
             print(f"{key}: {info[key]}")
 
 
+def _status(as_json: bool) -> int:
+    """Box 1's status, then every other box that has a state; 0 when box 1 is up."""
+    reports = []
+    for k in range(1, box.MAX_BOXES + 1):
+        box.use_box(k)
+        report = box.status()
+        if k == 1 or "processes" in report:
+            reports.append(report)
+    box.use_box(1)
+    if as_json:
+        print(json.dumps(reports[0] if len(reports) == 1 else {"boxes": reports}, indent=2))
+        return 0 if reports[0]["up"] else 1
+    for k, report in enumerate(reports, 1):
+        name = report.get("name", box.box_name(k))
+        if not report["up"]:
+            state = "stale (run gpubox sandbox down)" if "processes" in report else "down"
+            print(f"sandbox {name}: {state}" if len(reports) > 1 else f"sandbox: {state}")
+            continue
+        label = f"sandbox {name}" if len(reports) > 1 else "sandbox"
+        print(f"{label}: up ({report.get('system_state', '?')})")
+        _print_facts(report)
+        print(
+            "processes: "
+            + ", ".join(
+                f"{pname} {rec['pid']}{'' if report['alive'][pname] else ' (gone)'}"
+                for pname, rec in report["processes"].items()
+            )
+        )
+    return 0 if reports[0]["up"] else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpubox sandbox",
@@ -75,7 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rebuild the cached root filesystem and stand-in repository first",
     )
     up.add_argument("--json", action="store_true", help="print box.json on stdout")
-    sub.add_parser("down", help="power the box off and remove what up started")
+    up.add_argument(
+        "--boxes",
+        type=int,
+        default=1,
+        help=f"boot boxes 1 to N (at most {box.MAX_BOXES}); box 1 is the reference box, "
+        "box 2 has one Tesla T4 and no NVLink",
+    )
+    sub.add_parser("down", help="power every box off and remove what up started")
     st = sub.add_parser("status", help="whether the box is up, and its connection facts")
     st.add_argument("--json", action="store_true")
     ssh = sub.add_parser("ssh", help="run a command (or a shell) in the box")
@@ -94,37 +134,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "image",
         help="build and load the host checks' container image in the box; prints its name",
     )
+    for name in ("ssh", "exec", "fault", "image"):
+        sub.choices[name].add_argument("--box", type=int, default=1, help="which box (1..4)")
     args = parser.parse_args(argv)
 
     try:
         if args.action == "up":
-            info = box.up(rebuild=args.rebuild)
+            infos = box.up_boxes(args.boxes, rebuild=args.rebuild)
             if args.json:
-                print(json.dumps(info, indent=2, sort_keys=True))
+                document = infos[0] if len(infos) == 1 else {"boxes": infos}
+                print(json.dumps(document, indent=2, sort_keys=True))
             else:
-                _print_facts(info)
+                for info in infos:
+                    if len(infos) > 1:
+                        print(f"== {info['name']}")
+                    _print_facts(info)
             return 0
         if args.action == "down":
-            box.down()
+            box.down_all()
             return 0
         if args.action == "status":
-            report = box.status()
-            if args.json:
-                print(json.dumps(report, indent=2, sort_keys=True))
-            elif not report["up"]:
-                state = "stale (run gpubox sandbox down)" if "processes" in report else "down"
-                print(f"sandbox: {state}")
-            else:
-                print(f"sandbox: up ({report.get('system_state', '?')})")
-                _print_facts(report)
-                print(
-                    "processes: "
-                    + ", ".join(
-                        f"{name} {rec['pid']}{'' if report['alive'][name] else ' (gone)'}"
-                        for name, rec in report["processes"].items()
-                    )
-                )
-            return 0 if report["up"] else 1
+            return _status(args.json)
+        if getattr(args, "box", 1) != 1:
+            box.use_box(args.box)
         if args.action == "ssh":
             info = box.box_info()
             command = _command(args.command)

@@ -216,6 +216,32 @@ def default_state() -> State:
     }
 
 
+def t4_state() -> State:
+    """A one-GPU box with a Tesla T4 and no NVLink (the sandbox's second box). From a real
+    capture: the name, bus id 00000001:01:00.0, 15360 MiB total and idle readings (26 C,
+    9.31 W) of a 1x T4 `nvidia-smi --query-gpu` (tests/fixtures/nvidia-smi/
+    query-gpu_csv_1xT4_NA.csv); the PCI id 10de:1eb8 and compute capability 7.5 as
+    gpubox.compat has them; the PCI description as Debian 12's pci.ids names it. Guessed,
+    for want of a capture: the UUID (made up), the 70 W power cap (the T4's rated board
+    power), CUDA's total bytes (15360 MiB less what the driver reserves, as on the V100)
+    and gpu-burn's Gflop/s (illustrative)."""
+    gpu = _gpu("00000001:01:00.0", "GPU-7e4f5a12-0c1d-4b7e-9a3f-2d5c6b8e9f10", 26, 9.31)
+    gpu.update(
+        name="Tesla T4",
+        memory_total_mib=15360,
+        power_cap_w=70,
+        compute_cap="7.5",
+        nvlink_ports=0,
+        cuda_total_bytes=15843721216,
+        burn_gflops_floats=7000.0,
+        burn_gflops_doubles=230.0,
+    )
+    gpu["pci"].update(description="NVIDIA Corporation TU104GL [Tesla T4]", device_id="1eb8")
+    state = default_state()
+    state.update(gpus=[gpu], nvlinks=[])
+    return state
+
+
 def state_path() -> Path:
     """The state file: $GPUBOX_STANDIN_STATE, else /var/lib/gpubox-standin/state.json."""
     env = os.environ.get(STATE_ENV)

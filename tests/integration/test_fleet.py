@@ -1,0 +1,103 @@
+"""A fleet from one inventory (issue 11): three sandbox boxes, as a lab has them (box 1 the
+reference, box 2 one Tesla T4 with no NVLink and nothing served, box 3 the reference again),
+deployed by one pyinfra run in parallel. A box refused by preflight fails alone while the
+others converge; a re-run changes nothing; a fault planted on one box is reported for that
+box only. The tests run in order on the same three boxes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import box_sh, plant
+
+from gpubox import demo
+from gpubox.sandbox.standin import state as standin_state
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fleet")]
+
+BOXES = ["gpubox-sandbox", "gpubox-sandbox-2", "gpubox-sandbox-3"]
+SNAPSHOT = (  # what a refused run must leave as it was: packages and every file in /etc
+    "set -o pipefail; dpkg -l | sha256sum; "
+    "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum"
+)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    demo.sandbox("down", check=False)
+    demo.sandbox("up", "--boxes", "3")
+    yield
+    demo.sandbox("down", check=False)
+
+
+def doctor_json() -> dict:
+    argv = demo.in_netns([sys.executable, "-m", "gpubox.doctor", demo.INVENTORY, "--json"])
+    proc = subprocess.run(argv, cwd=demo.ROOT, text=True, capture_output=True, timeout=900)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_the_inventory_lists_every_box_with_its_own_data():
+    from gpubox import inventory
+
+    hosts = dict(inventory.load(str(demo.ROOT / demo.INVENTORY)))
+    assert list(hosts) == BOXES
+    assert (hosts["gpubox-sandbox-2"]["gpu_model"], hosts["gpubox-sandbox-2"]["gpu_count"]) == (
+        "Tesla T4",
+        1,
+    )
+    assert hosts["gpubox-sandbox-2"]["backend"] == "none"
+    assert len({d["ssh_port"] for d in hosts.values()}) == 3  # each box its own SSH port
+    names = {box_sh("hostname", box=k).strip() for k in (1, 2, 3)}
+    assert names == set(BOXES)
+
+
+def test_a_box_refused_by_preflight_fails_alone_and_the_others_converge():
+    plant(lambda s: standin_state.set_gpu_present(s, 1, False), box=3)
+    before = box_sh(SNAPSHOT, box=3)
+    start = time.monotonic()
+    run = demo.deploy()
+    print(f"\nfirst deploy of 3 boxes (box 3 refused): {time.monotonic() - start:.1f} s")
+    assert run.failed_hosts == ["gpubox-sandbox-3"], (run.failed_hosts, run.output[-3000:])
+    assert "gpubox-sandbox-3" in run.output and "gpu_count: lspci shows 1" in run.output
+    assert box_sh(SNAPSHOT, box=3) == before
+    checks = demo.checks(extra=("-m", "quick", "-k", "gpubox-sandbox: or gpubox-sandbox-2:"))
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+    assert {"gpubox-sandbox", "gpubox-sandbox-2"} <= checks.hosts
+
+
+def test_the_refused_box_converges_once_its_gpu_is_back_and_every_box_passes():
+    plant(lambda s: standin_state.set_gpu_present(s, 1, True), box=3)
+    run = demo.deploy()
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    checks = demo.checks(extra=("-m", "quick"))
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+    assert checks.hosts == set(BOXES)
+
+
+def test_a_rerun_changes_nothing_on_any_box():
+    start = time.monotonic()
+    run = demo.deploy()
+    print(f"\nno-op deploy of 3 boxes: {time.monotonic() - start:.1f} s")
+    assert run.no_change, run.changed_names
+
+
+def test_a_fault_on_one_box_is_reported_for_that_box_only():
+    box_sh("systemctl stop gpubox-llama-server", box=3)
+    try:
+        report = doctor_json()
+        checks = demo.checks(extra=("-m", "quick"))
+    finally:
+        box_sh("systemctl start gpubox-llama-server", box=3)
+    rows = {row["host"]: row for row in report["fleet"]}
+    assert [rows[name]["deviations"] for name in BOXES[:2]] == [0, 0], report["fleet"]
+    assert rows["gpubox-sandbox-3"]["deviations"] >= 2
+    failing = {r["host"]: {f["check"] for f in r["findings"]} for r in report["hosts"]}
+    assert failing["gpubox-sandbox"] == failing["gpubox-sandbox-2"] == set()
+    assert {"backend.service", "backend.health"} <= failing["gpubox-sandbox-3"]
+    assert set(checks.by_host) == {"gpubox-sandbox-3"}, checks.by_host.keys()
+    assert {"backend.service", "backend.health"} <= set(checks.by_host["gpubox-sandbox-3"])
