@@ -525,6 +525,24 @@ def test_main_needs_model_with_url(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--model" in capsys.readouterr().err
 
 
+def _lab(tmp_path: Path, port: int, aliases: dict[str, str]) -> list[str]:
+    """An inventory of hosts (name -> model alias) all served by the synthetic server on
+    ``port``, and a key file: bench's --inventory arguments."""
+    inv = tmp_path / "inv.py"
+    inv.write_text(
+        "hosts = [\n"
+        + "".join(
+            f"    ('{name}', {{'ssh_hostname': '127.0.0.1', 'api_port': {port},"
+            f" 'model_alias': '{alias}'}}),\n"
+            for name, alias in aliases.items()
+        )
+        + "]\n"
+    )
+    key = tmp_path / "key"
+    key.write_text(KEY + "\n")
+    return ["--inventory", str(inv), "--api-key-file", str(key), "--concurrency", "1"]
+
+
 def test_main_inventory_benches_each_host_with_its_alias(
     server: SyntheticServer,
     tmp_path: Path,
@@ -533,19 +551,8 @@ def test_main_inventory_benches_each_host_with_its_alias(
 ) -> None:
     server.ttft, server.interval = 0.005, 0.001
     port = server.server_address[1]
-    inv = tmp_path / "inv.py"
-    inv.write_text(
-        f"hosts = [\n"
-        f"    ('box-a', {{'ssh_hostname': '127.0.0.1', 'api_port': {port},"
-        f" 'model_alias': '{MODEL}'}}),\n"
-        f"    ('box-b', {{'ssh_hostname': '127.0.0.1', 'api_port': {port},"
-        f" 'model_alias': 'other'}}),\n"
-        f"]\n"
-    )
-    key = tmp_path / "key"
-    key.write_text(KEY + "\n")
     out = tmp_path / "b.json"
-    argv = ["--inventory", str(inv), "--api-key-file", str(key), "--concurrency", "1"]
+    argv = _lab(tmp_path, port, {"box-a": MODEL, "box-b": "other"})
     rc = bench.main([*argv, "--requests", "1", "--max-tokens", "4", "--json", str(out)])
     assert rc == 2  # box-b's alias is not served: reported, box-a still benched
     assert "does not serve model 'other'" in capsys.readouterr().err
@@ -577,19 +584,7 @@ def test_main_inventory_prints_the_hosts_side_by_side(
 ) -> None:
     server.ttft, server.interval = 0.005, 0.001
     port = server.server_address[1]
-    inv = tmp_path / "inv.py"
-    inv.write_text(
-        "hosts = [\n"
-        + "".join(
-            f"    ('{name}', {{'ssh_hostname': '127.0.0.1', 'api_port': {port},"
-            f" 'model_alias': '{MODEL}'}}),\n"
-            for name in ("gpu1", "gpu2")
-        )
-        + "]\n"
-    )
-    key = tmp_path / "key"
-    key.write_text(KEY + "\n")
-    argv = ["--inventory", str(inv), "--api-key-file", str(key), "--concurrency", "1"]
+    argv = _lab(tmp_path, port, {"gpu1": MODEL, "gpu2": MODEL})
     assert bench.main([*argv, "--requests", "1", "--max-tokens", "4"]) == 0
     out = capsys.readouterr().out
     side = out.split("side by side (the same seeded prompts on every host):\n")[1]

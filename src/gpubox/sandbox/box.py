@@ -770,29 +770,22 @@ def _ensure_key(sdir: Path) -> Path:
 
 def _write_ssh_config(sdir: Path, key: Path) -> Path:
     path = sdir / "ssh_config"
+    settings = (
+        f"    HostName {SSH_HOST}\n"
+        f"    Port {SSH_PORT}\n"
+        f"    User {SSH_USER}\n"
+        f"    IdentityFile {key}\n"
+        "    IdentitiesOnly yes\n"
+        "    StrictHostKeyChecking no\n"
+        "    UserKnownHostsFile /dev/null\n"
+        "    LogLevel ERROR\n"
+    )
     path.write_text(
         "# gpubox sandbox: reach the box from inside its network namespace\n"
         "# (gpubox sandbox exec -- ssh -F THIS gpubox-sandbox; testinfra --ssh-config=THIS)\n"
-        f"Host {NAME}\n"
-        f"    HostName {SSH_HOST}\n"
-        f"    Port {SSH_PORT}\n"
-        f"    User {SSH_USER}\n"
-        f"    IdentityFile {key}\n"
-        "    IdentitiesOnly yes\n"
-        "    StrictHostKeyChecking no\n"
-        "    UserKnownHostsFile /dev/null\n"
-        "    LogLevel ERROR\n"
-        "\n"
-        "# from any network namespace (a fleet run reaches every box this way)\n"
-        f"Host {NAME}.fleet\n"
-        f"    HostName {SSH_HOST}\n"
-        f"    Port {SSH_PORT}\n"
-        f"    User {SSH_USER}\n"
-        f"    IdentityFile {key}\n"
-        "    IdentitiesOnly yes\n"
-        "    StrictHostKeyChecking no\n"
-        "    UserKnownHostsFile /dev/null\n"
-        "    LogLevel ERROR\n"
+        f"Host {NAME}\n{settings}\n"
+        "# from any network namespace, through the box's own\n"
+        f"Host {NAME}.fleet\n{settings}"
         f"    ProxyCommand {' '.join(proxy_command())}\n"
     )
     return path
