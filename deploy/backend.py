@@ -1,5 +1,6 @@
 """One stage alone: pyinfra INVENTORY deploy/backend.py"""
 
+from gpubox.stages import run_stages
 from gpubox.stages.backend import backend
 
-backend()
+run_stages(backend)

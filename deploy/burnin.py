@@ -1,5 +1,6 @@
 """One stage alone: pyinfra INVENTORY deploy/burnin.py"""
 
+from gpubox.stages import run_stages
 from gpubox.stages.burnin import burnin
 
-burnin()
+run_stages(burnin)

@@ -5,8 +5,7 @@ preflights its host; a refused run changes nothing. Among several hosts, a host 
 preflight fails alone and the others converge in the same run. Burn-in: deploy/burnin.py.
 The run ends with the quick checks of gpubox.checks (verify_after_deploy, on by default)."""
 
-from gpubox.errors import HostRefused
-from gpubox.stages import current_config
+from gpubox.stages import current_config, run_stages
 from gpubox.stages.backend import backend
 from gpubox.stages.container_toolkit import container_toolkit
 from gpubox.stages.cuda import cuda
@@ -17,14 +16,13 @@ from gpubox.stages.tools import tools
 from gpubox.verify import verify
 
 current_config()
-try:
-    driver()
-    cuda()
-    docker()
-    container_toolkit()
-    dcgm()
-    tools()
-    backend()
-    verify()
-except HostRefused:
-    pass  # this host was refused and failed alone (the reason is in the output)
+run_stages(
+    driver,
+    cuda,
+    docker,
+    container_toolkit,
+    dcgm,
+    tools,
+    backend,
+    verify,
+)

@@ -14,5 +14,5 @@ class DeployRefused(PyinfraError):
 
 
 class HostRefused(DeployRefused):
-    """One host of several refused: it is marked failed and the others go on. deploy/full.py
-    catches it around its stages; anywhere else it stops the run like DeployRefused."""
+    """One host of several refused: it is marked failed and the others go on. Every deploy
+    file runs its stages through gpubox.stages.run_stages, which catches it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,26 @@ import jinja2
 from pyinfra import host, inventory
 
 from gpubox.config import HostConfig, Problem, Target, target_for, validate
-from gpubox.errors import DeployRefused
+from gpubox.errors import DeployRefused, HostRefused
 
-__all__ = ["DeployRefused", "Target", "target_for"]
+__all__ = ["DeployRefused", "Target", "run_stages", "target_for"]
 
 # Shipped inside the package (package data), so an installed gpubox finds them as well as a
 # checkout does.
 PACKAGE = Path(__file__).resolve().parents[1]
 TEMPLATES = PACKAGE / "templates"
 FILES = PACKAGE / "files"
+
+
+def run_stages(*stages: Callable[[], object]) -> None:
+    """What every deploy file does: the stages for the current host, in order. A host that
+    its preflight refuses among several (HostRefused) has failed alone: its remaining stages
+    are skipped and the other hosts go on."""
+    try:
+        for stage in stages:
+            stage()
+    except HostRefused:
+        pass  # the reason, with the host's name, is in the output already
 
 
 def current_config() -> HostConfig:

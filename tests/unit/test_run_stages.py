@@ -1,0 +1,34 @@
+"""run_stages, what every deploy file does: a host refused among several (HostRefused) skips
+its remaining stages without stopping the run; any other refusal stops the run as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubox.errors import DeployRefused, HostRefused
+from gpubox.stages import run_stages
+
+
+def test_a_host_refused_among_others_skips_its_remaining_stages():
+    ran = []
+
+    def refused() -> None:
+        ran.append("driver")
+        raise HostRefused("box3: preflight failed")
+
+    run_stages(refused, lambda: ran.append("cuda"))
+    assert ran == ["driver"]
+
+
+def test_a_lone_refusal_still_stops_the_run():
+    def refused() -> None:
+        raise DeployRefused("preflight failed, nothing was changed")
+
+    with pytest.raises(DeployRefused, match="nothing was changed"):
+        run_stages(refused)
+
+
+def test_every_stage_runs_in_order():
+    ran: list[str] = []
+    run_stages(lambda: ran.append("a"), lambda: ran.append("b"))
+    assert ran == ["a", "b"]
