@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pyinfra.api.exceptions import PyinfraError
 
-__all__ = ["DeployRefused", "HostRefused"]
+__all__ = ["DeployRefused", "HostRefused", "HostStopped"]
 
 
 class DeployRefused(PyinfraError):
@@ -16,3 +16,10 @@ class DeployRefused(PyinfraError):
 class HostRefused(DeployRefused):
     """One host of several refused: it is marked failed and the others go on. Every deploy
     file runs its stages through gpubox.stages.run_stages, which catches it."""
+
+
+class HostStopped(PyinfraError):
+    """The host's deploy ends here by design, not by refusal: the operations already added for
+    it still run (e.g. creating the Secure Boot signing key), then an operation that fails
+    with the owner's next step (gpubox.operations.fail) stops it. No further stage is planned
+    for the host; the other hosts go on. run_stages catches it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubox.errors import DeployRefused, HostRefused
+from gpubox.errors import DeployRefused, HostRefused, HostStopped
 from gpubox.stages import run_stages
 
 
@@ -32,3 +32,14 @@ def test_every_stage_runs_in_order():
     ran: list[str] = []
     run_stages(lambda: ran.append("a"), lambda: ran.append("b"))
     assert ran == ["a", "b"]
+
+
+def test_a_host_stopped_on_purpose_plans_no_further_stage():
+    ran = []
+
+    def stopped() -> None:
+        ran.append("driver")
+        raise HostStopped("box: enroll the signing key first")
+
+    run_stages(stopped, lambda: ran.append("cuda"))
+    assert ran == ["driver"]

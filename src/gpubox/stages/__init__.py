@@ -17,7 +17,7 @@ import jinja2
 from pyinfra import host, inventory
 
 from gpubox.config import HostConfig, Problem, Target, target_for, validate
-from gpubox.errors import DeployRefused, HostRefused
+from gpubox.errors import DeployRefused, HostRefused, HostStopped
 
 __all__ = ["DeployRefused", "Target", "run_stages", "target_for"]
 
@@ -31,11 +31,13 @@ FILES = PACKAGE / "files"
 def run_stages(*stages: Callable[[], object]) -> None:
     """What every deploy file does: the stages for the current host, in order. A host that
     its preflight refuses among several (HostRefused) has failed alone: its remaining stages
-    are skipped and the other hosts go on."""
+    are skipped and the other hosts go on. A host whose stage stops it on purpose (HostStopped:
+    its operations so far run, the last one fails with the owner's next step) plans no further
+    stage either."""
     try:
         for stage in stages:
             stage()
-    except HostRefused:
+    except (HostRefused, HostStopped):
         pass  # the reason, with the host's name, is in the output already
 
 
