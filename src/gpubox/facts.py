@@ -11,7 +11,8 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from gpubox import parsers
+from gpubox import parsers, secure_boot
+from gpubox.parsers.secure_boot import MokState, parse_mok_state
 
 
 class OsRelease(FactBase[Mapping[str, str]]):
@@ -49,17 +50,22 @@ class SecureBoot(FactBase[bool | None]):
     """True/False when the firmware says, None on a host without EFI variables."""
 
     def command(self) -> str:
-        var = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
-        return (
-            "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
-            f"elif [ -r {var} ]; then "
-            f"if [ \"$(od -An -t u1 -j4 -N1 {var} | tr -d ' ')\" = 1 ]; "
-            "then echo 'SecureBoot enabled'; else echo 'SecureBoot disabled'; fi; "
-            "else echo 'EFI variables are not supported on this system'; fi || true"
-        )
+        return secure_boot.SB_STATE_COMMAND
 
     def process(self, output: list[str]) -> bool | None:
         return parsers.parse_secure_boot("\n".join(output))
+
+
+class MokKey(FactBase[MokState]):
+    """On a Secure Boot box: DKMS's signing key (paths from dkms's framework.conf or the
+    distribution's default), whether mokutil says it is enrolled, its serial, and the NVIDIA
+    modules DKMS installed for the running kernel (signer) and loaded (taint)."""
+
+    def command(self, family: str) -> str:  # type: ignore[override]
+        return secure_boot.state_command(family)
+
+    def process(self, output: list[str]) -> MokState:
+        return parse_mok_state("\n".join(output))
 
 
 class UserId(FactBase[int]):

@@ -23,9 +23,10 @@ def evaluate(
     config: HostConfig,
     os_release: Mapping[str, str],
     pci_devices: list[Any],
-    secure_boot: bool | None,
     uid: int,
 ) -> list[Problem]:
+    """The host's problems (errors refuse the run, warnings are logged). Secure Boot is no
+    refusal: the driver stage signs the module with DKMS's enrolled key (gpubox.secure_boot)."""
     name = config.host
     problems: list[Problem] = []
 
@@ -96,17 +97,6 @@ def evaluate(
                 )
             )
 
-    if secure_boot:
-        problems.append(
-            Problem(
-                name,
-                "secure_boot",
-                "Secure Boot is enabled and the driver's kernel module is built by DKMS, unsigned: "
-                "it would not load. Either disable Secure Boot in the firmware setup, or enroll "
-                "the DKMS signing key (Ubuntu: update-secureboot-policy --enroll-key; Debian: "
-                "mokutil --import /var/lib/dkms/mok.pub) and confirm it at the next boot",
-            )
-        )
     return problems
 
 
@@ -115,7 +105,7 @@ def run(config: HostConfig) -> Target:
     target."""
     from pyinfra import host, logger
 
-    from gpubox.facts import NvidiaPciDevices, OsRelease, SecureBoot, UserId
+    from gpubox.facts import NvidiaPciDevices, OsRelease, UserId
 
     passed = _passed.setdefault(host.state, {})
     if host.name in passed:
@@ -128,7 +118,6 @@ def run(config: HostConfig) -> Target:
         config,
         os_release,
         host.get_fact(NvidiaPciDevices),
-        host.get_fact(SecureBoot),
         host.get_fact(UserId),
     )
     for problem in problems:

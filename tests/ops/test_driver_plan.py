@@ -215,14 +215,6 @@ def test_gpus_on_the_bus_must_match_the_inventory(plan_of):
     assert "@fake/box: gpu_count: lspci shows 2 Tesla V100-SXM2-32GB (gpu_count is 4)" in text
 
 
-def test_secure_boot_with_dkms_names_both_ways_out(plan_of):
-    text = refused(
-        plan_of, REFERENCE, fresh_box("ubuntu2404", **{"mokutil --sb-state": "SecureBoot enabled"})
-    )
-    assert "@fake/box: secure_boot:" in text
-    assert "disable Secure Boot" in text and "enroll" in text
-
-
 def test_not_root_and_no_sudo_is_refused(plan_of):
     text = refused(plan_of, REFERENCE, fresh_box("ubuntu2404", **{"id -u": "1000"}))
     assert "@fake/box: privileges: commands run as uid 1000" in text

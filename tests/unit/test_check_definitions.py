@@ -443,6 +443,9 @@ FAULTS: dict[str, Fault] = {
     "driver.unattended": Fault("unattended", drop_lines('"^nvidia-kernel-dkms$"')),
     "driver.kernels": Fault("kernels", lambda text: text + "K 6.1.0-31-amd64\n"),
     "driver.nouveau": Fault("nouveau", "loaded\n"),
+    "driver.secure-boot": Fault(
+        "mok", lambda text: text.replace("LOADED nvidia PO", "LOADED nvidia POE")
+    ),
     "driver.persistenced": Fault("services", services(nvidia_persistenced="inactive")),
     "nvlink.links": Fault("nvlink", replace("Link 0: 25.781 GB/s", "Link 0: <inactive>")),
     "nvlink.topology": Fault("topo", replace("NV2", "SYS", 2)),

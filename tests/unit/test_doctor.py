@@ -244,6 +244,9 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
         "kernel": "6.1.0-28-amd64\n",
         "module_version": config.driver_version + "\n",
         "nouveau": "absent\n",
+        # Secure Boot on, DKMS's key enrolled, the modules signed and verified
+        "sb_state": "SecureBoot enabled\n",
+        "mok": fixture("secureboot/mok-state_debian12_enrolled.txt"),
         "kernels": "R 6.1.0-28-amd64\nK 6.1.0-28-amd64\nH 6.1.0-28-amd64\nDKMS\n"
         f"D nvidia-current/{config.driver_version}, 6.1.0-28-amd64, x86_64: installed\n",
         "dpkg": fixture("apt/dpkg-query_debian12_local.txt")

@@ -10,9 +10,10 @@ import json
 import shlex
 from typing import Any
 
-from gpubox import kernels, layout, parsers
+from gpubox import kernels, layout, parsers, secure_boot
 from gpubox.checks.core import Fact, fact
 from gpubox.config import HostConfig, Target
+from gpubox.parsers.secure_boot import parse_mok_state
 
 QUERY_FIELDS = [
     "index",
@@ -291,6 +292,12 @@ fact(
     Fact("nvlink", "nvidia-smi nvlink -s", parsers.parse_nvlink_status),
     Fact("topo", "nvidia-smi topo -m", parsers.parse_topo_matrix),
     Fact("lspci", "lspci -Dnn -d 10de:", parsers.parse_lspci),
+    Fact("sb_state", secure_boot.SB_STATE_COMMAND, parsers.parse_secure_boot),
+    Fact(
+        "mok",
+        lambda c, t: secure_boot.state_command(t.family) if t else None,
+        parse_mok_state,
+    ),
     Fact("module_version", f"cat {layout.NVIDIA_MODULE_VERSION}"),
     Fact("nouveau", f"test -d {layout.NOUVEAU_MODULE} && echo loaded || echo absent"),
     Fact(

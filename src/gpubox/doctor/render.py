@@ -142,6 +142,21 @@ def render_text(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> str
             + ("" if kern["dkms"] else " (dkms not installed)")
         )
 
+    sb = view.get("secure_boot") or {}
+    if sb.get("error"):
+        w(f"SecureBoot ? ({sb['error']})")
+    elif sb.get("enabled") is None:
+        w("SecureBoot no EFI (BIOS boot or a container): not applicable")
+    elif not sb["enabled"]:
+        w("SecureBoot off")
+    else:
+        loaded = ", ".join(f"{n} {t}" for n, t in sorted((sb.get("loaded") or {}).items()))
+        w(
+            f"SecureBoot on; key {sb.get('certificate') or '?'} {sb.get('key') or '?'}"
+            f" ('{sb.get('signer') or '?'}'); loaded {loaded or 'none'}"
+            + ("; " + "; ".join(sb["problems"]) if sb.get("problems") else "; modules verified")
+        )
+
     cuda = view["cuda"]
     w(
         f"CUDA      nvcc {cuda['release'] or 'not found'}"

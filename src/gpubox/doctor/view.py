@@ -10,10 +10,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from gpubox import kernels, layout, parsers
+from gpubox import kernels, layout, parsers, secure_boot
 from gpubox.checks.core import Output
 from gpubox.checks.facts import APPS_FIELDS, QUERY_FIELDS, api_base, parse_systemctl_show
 from gpubox.config import HostConfig, target_for
+from gpubox.parsers.secure_boot import parse_mok_state
 
 BACKEND_UNITS = layout.BACKEND_UNITS
 
@@ -366,6 +367,38 @@ def _describe_burnin(facts: Mapping[str, Output], now: datetime.datetime) -> dic
     }
 
 
+def _describe_secure_boot(facts: Mapping[str, Output]) -> dict[str, Any]:
+    """Secure Boot's state, DKMS's signing key (enrolled?), and the NVIDIA modules' signer and
+    taint (gpubox.secure_boot)."""
+    view: dict[str, Any] = {"enabled": None, "error": None}
+    out = facts.get("sb_state")
+    if out is None or out.rc != 0:
+        view["error"] = "not read"
+        return view
+    try:
+        view["enabled"] = parsers.parse_secure_boot(out.stdout)
+    except parsers.ParseError as exc:
+        view["error"] = str(exc)
+        return view
+    mok = facts.get("mok")
+    if not view["enabled"] or mok is None or mok.rc != 0:
+        return view
+    try:
+        state = parse_mok_state(mok.stdout)
+    except parsers.ParseError as exc:
+        view["error"] = str(exc)
+        return view
+    view.update(
+        certificate=state.certificate,
+        key=state.test_key,
+        signer=state.certificate_info.subject_cn if state.certificate_info else None,
+        modules=[{"path": m.path, "signer": m.signer, "sig_key": m.sig_key} for m in state.modules],
+        loaded={m.name: m.taint for m in state.loaded},
+        problems=secure_boot.module_problems(state),
+    )
+    return view
+
+
 def describe(
     config: HostConfig,
     facts: Mapping[str, Output],
@@ -387,6 +420,7 @@ def describe(
         "lspci_gpus": _describe_lspci(facts),
         "nvlink": _describe_nvlink(facts),
         "driver": _describe_driver(facts, config, family),
+        "secure_boot": _describe_secure_boot(facts),
         "persistenced": _service(services, "nvidia-persistenced"),
         "cuda": _describe_cuda(facts, config),
         "docker": _describe_docker(facts, services),

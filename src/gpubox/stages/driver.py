@@ -7,13 +7,15 @@ the loaded driver is not the installed one.
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import apt, server
 
-from gpubox import driver_plan, kernels, layout, offers, operations, preflight
-from gpubox.facts import CommandOutput, KernelModuleLoaded, LoadedDriver
+from gpubox import driver_plan, kernels, layout, offers, operations, preflight, secure_boot
+from gpubox.config import HostConfig, Target
+from gpubox.errors import HostStopped
+from gpubox.facts import CommandOutput, KernelModuleLoaded, LoadedDriver, MokKey, SecureBoot
 from gpubox.stages import FILES, ManagedFiles, current_config, render, units
 from gpubox.stages.nvidia_repo import nvidia_repo
 from gpubox.stages.packages import install_pinned
@@ -36,6 +38,7 @@ PERSISTENCE_QUERY = "nvidia-smi --query-gpu=persistence_mode --format=csv,nohead
 def driver() -> None:
     config = current_config()
     target = preflight.run(config)
+    secure_boot_gate(config, target)
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
     # by preflight), never a list written in advance.
     p = driver_plan.plan(config, target, offers.answer("nvidia_cuda").offers)
@@ -154,3 +157,41 @@ def driver() -> None:
                 commands=[f"nvidia-smi -pm {1 if config.persistence_mode else 0}"],
                 _if=lambda: not dropin.did_change(),
             )
+
+
+def secure_boot_gate(config: HostConfig, target: Target) -> None:
+    """With Secure Boot on, the module DKMS builds must be signed by an enrolled key
+    (gpubox.secure_boot): go on, refuse, or create the key if missing and stop before the
+    driver with the enrollment steps (HostStopped: the operations so far run, then the stop)."""
+    enabled = host.get_fact(SecureBoot)
+    if not enabled:
+        return
+    state = host.get_fact(MokKey, family=target.family)
+    decision = secure_boot.gate(host.name, target.family, enabled, state, config.driver_version)
+    for warning in decision.warnings:
+        logger.warning(f"preflight warning: {warning}")
+    if decision.action == "go":
+        return
+    text = "\n".join(decision.lines)
+    if decision.action == "refuse":
+        preflight.refuse(f"preflight failed, nothing was changed:\n  - {config.host}: {text}")
+    logger.warning(f"{host.name}: Secure Boot: stopping before the driver (steps below)")
+    tools = (["mokutil"] if decision.install_mokutil else []) + (
+        ["openssl"] if decision.create_key else []
+    )
+    if tools:
+        apt.packages(
+            name=f"Install {' and '.join(tools)} (Secure Boot key enrollment)",
+            packages=tools,
+            no_recommends=True,
+        )
+    if decision.create_key:
+        server.shell(
+            name="Create DKMS's module signing key (as the distribution's dkms would)",
+            commands=[decision.create_key],
+        )
+    operations.fail(
+        name="Stop: enroll DKMS's signing key (Secure Boot)",
+        message=text,
+    )
+    raise HostStopped(f"{host.name}: Secure Boot: enroll DKMS's signing key first")
