@@ -3,6 +3,7 @@
 - ``nvidia_smi``: nvidia-smi's table, -L, --query-gpu, nvlink -s, topo -m and its error
   messages;
 - ``system``: nvcc --version, lspci -Dnn, /etc/os-release, mokutil --sb-state;
+- ``secure_boot``: mokutil --test-key, openssl x509, modinfo's signer, module taint;
 - ``apt``: apt-cache policy, apt-mark showhold, dpkg-query;
 - ``gpu_burn``: gpu-burn (a burn and `gpu_burn -l`);
 - ``dcgm``: DCGM's dcgmi (discovery -l, dmon, diag -j, and the errors it prints when it cannot
@@ -58,6 +59,12 @@ from gpubox.parsers.nvidia_smi import (
     parse_smi_table,
     parse_topo_matrix,
 )
+from gpubox.parsers.secure_boot import (
+    MokState,
+    parse_mok_state,
+    parse_test_key,
+    parse_x509,
+)
 from gpubox.parsers.system import (
     NvccVersion,
     PciDevice,
@@ -68,6 +75,10 @@ from gpubox.parsers.system import (
 )
 
 __all__ = [
+    "MokState",
+    "parse_mok_state",
+    "parse_test_key",
+    "parse_x509",
     "AptPolicy",
     "AptPolicyVersion",
     "DcgmDiag",
