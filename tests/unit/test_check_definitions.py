@@ -265,6 +265,27 @@ def test_a_cpu_build_of_llama_cpp_skips_the_gpu_memory_check():
     )
 
 
+def test_a_desktops_nvidia_named_packages_are_not_another_driver():
+    """Ubuntu 24.04 Desktop's nvidia-settings (510.47.03, its own source), egl-wayland and
+    nvidia-prime stay beside the pinned driver; a leftover build of another driver does not."""
+    config = CONFIGS["llamacpp"]
+    outputs = converged(config)
+    desktop = (
+        "nvidia-settings\t510.47.03-0ubuntu4.24.04.1\tii \n"
+        "libnvidia-egl-wayland1\t1:1.1.13-1ubuntu0.1\tii \n"
+        "nvidia-prime\t0.8.17.2\tii \n"
+    )
+    outputs["dpkg"] = Output(0, outputs["dpkg"].stdout + desktop, "")
+    check = checks.BY_ID["driver.one-branch"]
+    assert checks.judge(check, "box", config, recorded(config, outputs), INVENTORY).status == "pass"
+    outputs["dpkg"] = Output(
+        0, outputs["dpkg"].stdout + "nvidia-utils-580\t580.95.05-0ubuntu1\tii \n", ""
+    )
+    verdict = checks.judge(check, "box", config, recorded(config, outputs), INVENTORY)
+    assert verdict.status == "fail" and "nvidia-utils-580" in verdict.message
+    assert "nvidia-settings" not in verdict.message
+
+
 def test_a_required_burn_in_that_is_old_fails():
     config = load_host_config("box", {**REFERENCE, "burnin_required": True})
     out = converged(CONFIGS["llamacpp"])["burnin"]

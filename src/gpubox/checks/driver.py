@@ -160,6 +160,7 @@ def pins_in_place(c: HostConfig, r: Reading) -> list[Problem]:
 def one_branch(c: HostConfig, r: Reading) -> list[str]:
     want, dpkg = _wanted(c, r), r.get("dpkg")
     names = set(want.installed)
+    not_driver = set(c.catalog["driver"].get("not_driver_builds", []))
     prefix = c.driver_version + "-"
     others = {
         name: pkg.version
@@ -167,6 +168,7 @@ def one_branch(c: HostConfig, r: Reading) -> list[str]:
         if pkg.status.startswith(("ii", "hi", "iU", "iF"))
         and _NVIDIA.match(name)
         and not name.startswith("libnvidia-container")
+        and name not in not_driver
         and (name in names or re.search(r"\d{3}\.\d+", pkg.version))
         and not pkg.version.startswith(prefix)
     }
