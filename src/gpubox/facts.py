@@ -12,6 +12,7 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from gpubox import parsers, secure_boot
+from gpubox.desktop import DESKTOP_COMMAND, Desktop, parse_desktop
 from gpubox.parsers.secure_boot import MokState, parse_mok_state
 
 
@@ -344,3 +345,18 @@ class ManifestProblems(FactBase[list[str]]):
 
     def process(self, output: list[str]) -> list[str]:
         return [line for line in output if line.strip()]
+
+
+class DesktopState(FactBase[Desktop]):
+    """What the box shows on its display: the default target, display-manager.service, the
+    logind sessions, and the NVIDIA devices with the driver bound to each (gpubox.desktop)."""
+
+    def command(self) -> str:
+        return DESKTOP_COMMAND
+
+    @staticmethod
+    def default() -> Desktop:
+        return Desktop()
+
+    def process(self, output: list[str]) -> Desktop:
+        return parse_desktop(output)

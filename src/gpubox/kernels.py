@@ -2,13 +2,15 @@
 
 DKMS builds the module only for a kernel whose headers are installed. `linux-headers-$(uname
 -r)` covers the running kernel alone: the next kernel an upgrade installs would boot without
-the NVIDIA module. So the driver stage also installs the headers meta package of the running
-kernel's flavour (linux-headers-generic on Ubuntu's generic kernel, linux-headers-amd64 on
-Debian's), which follows every new kernel, and the host checks ask `dkms status` that the
-module is installed for every kernel the box can boot.
+the NVIDIA module. So the driver stage also installs the headers meta package of the kernel
+series the box tracks, which follows every new kernel of that series: the headers meta of each
+installed kernel image meta package (linux-image-generic-hwe-24.04 -> linux-headers-generic-
+hwe-24.04, linux-image-amd64 -> linux-headers-amd64) whose series the box boots, or, with no
+image meta installed, the running kernel's flavour's (linux-headers-generic). The host checks
+ask `dkms status` that the module is installed for every kernel the box can boot.
 
-Pure helpers here; the fact that reads a host is gpubox.facts-style but lives here with its
-parser, since the driver stage, the host checks and doctor all read it the same way.
+Pure helpers here; the facts that read a host live here with their parsers, since the driver
+stage, the host checks and doctor all read it the same way.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
+from gpubox import parsers
+
 # "6.8.0-88-generic" -> generic, "6.1.0-26-cloud-amd64" -> cloud-amd64, "6.8.0-1012-aws" -> aws
-_DISTRO_RELEASE = re.compile(r"^\d+\.\d+(?:\.\d+)?-\d+(?:\.\d+)?-([a-z][a-z0-9-]*)$")
+# Debian 13 and its backports write "6.12.38+deb13-amd64", "6.12.12+bpo-amd64".
+_DISTRO_RELEASE = re.compile(
+    r"^\d+\.\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?|\+[a-z0-9.]+)-([a-z][a-z0-9-]*)$"
+)
 
 
 def flavour(release: str) -> str | None:
@@ -30,9 +37,97 @@ def flavour(release: str) -> str | None:
     return match.group(1) if match else None
 
 
-def headers_packages(release: str) -> list[str]:
-    """The headers of the running kernel, and the meta package that follows its flavour."""
+def series(release_or_version: str) -> str | None:
+    """major.minor of a kernel release ("6.14.0-36-generic") or of a kernel package's version
+    ("6.14.0-36.36~24.04.1", Debian's "6.1.158-1", with or without an epoch)."""
+    match = re.match(r"^(?:\d+:)?(\d+)\.(\d+)(?:[.\-+~]|$)", release_or_version.strip())
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+@dataclass(frozen=True)
+class KernelMeta:
+    """An installed kernel image meta package: linux-image-generic-hwe-24.04 at 6.14.0-36.36~24.04.1
+    tracks the generic flavour's 6.14 series."""
+
+    package: str
+    version: str
+
+    @property
+    def spec(self) -> str:
+        """The name after linux-image-: "generic-hwe-24.04", "amd64", "oem-24.04"."""
+        return self.package.removeprefix("linux-image-")
+
+    @property
+    def flavour(self) -> str:
+        """The flavour of the kernels it installs (what their releases end with)."""
+        spec = self.spec.removeprefix("extra-")
+        spec = re.sub(r"-edge$", "", spec)
+        spec = re.sub(r"-hwe-\d+\.\d+$", "", spec)  # generic-hwe-24.04 -> generic
+        spec = re.sub(r"-\d+\.\d+[a-z]?$", "", spec)  # oem-24.04(a..d), generic-6.14 -> ...
+        # Ubuntu's virtual metas install the generic kernel (linux-image-virtual Depends:
+        # linux-image-X-generic)
+        return "generic" if spec == "virtual" else spec
+
+    @property
+    def series(self) -> str | None:
+        return series(self.version)
+
+    @property
+    def headers(self) -> str:
+        """Its headers meta package (linux-headers-generic-hwe-24.04, linux-headers-amd64)."""
+        return "linux-headers-" + self.spec.removeprefix("extra-")
+
+
+# Names that carry a kernel release (linux-image-6.14.0-36-generic, Debian's
+# linux-image-6.12.38+deb13-amd64) are kernels, not metas; -dbg and -unsigned builds are neither.
+_KERNEL_IN_NAME = re.compile(r"\d+\.\d+\.\d+")
+
+
+def is_image_meta(package: str) -> bool:
+    return (
+        package.startswith("linux-image-")
+        and not _KERNEL_IN_NAME.search(package)
+        and not package.endswith(("-dbg", "-unsigned", "-signed-template"))
+    )
+
+
+def parse_kernel_metas(text: str) -> list[KernelMeta]:
+    """The installed kernel image metas from `dpkg-query -W -f='${Package}\\t${Version}\\t
+    ${db:Status-Abbrev}\\n' 'linux-image-*'` (KERNEL_METAS_COMMAND)."""
+    return [
+        KernelMeta(p.name, p.version)
+        for p in parsers.parse_dpkg_query(text).values()
+        if p.installed and is_image_meta(p.name)
+    ]
+
+
+def headers_metas(metas: Iterable[KernelMeta], kernels: Iterable[str]) -> list[str]:
+    """The headers meta of each image meta whose flavour and series one of ``kernels`` (the
+    running one and those in /boot) is: never headers for a series that nothing boots."""
+    booted = {(flavour(k), series(k)) for k in kernels}
+    found = {
+        meta.headers
+        for meta in metas
+        if (meta.flavour, meta.series) in booted
+        or (meta.series is None and any(f == meta.flavour for f, _ in booted))
+    }
+    return sorted(found)
+
+
+def headers_packages(
+    release: str,
+    kernels: Iterable[str] = (),
+    metas: Iterable[KernelMeta] | None = None,
+) -> list[str]:
+    """The headers of the running kernel, and the headers metas of the kernel series the box
+    tracks: those of its installed image metas that the box boots (the running ``release``
+    and ``kernels``); with no image meta installed (``metas`` empty or None), the meta of the
+    running kernel's flavour."""
     packages = [f"linux-headers-{release}"]
+    metas = list(metas or [])
+    if metas:
+        packages += headers_metas(metas, [release, *kernels])
+        return packages
     kind = flavour(release)
     if kind:
         packages.append(f"linux-headers-{kind}")
@@ -148,3 +243,26 @@ def repair_command(kernels: Iterable[str]) -> str:
             f"{headers}; fi"
         )
     return " && ".join(parts) or "true"
+
+
+# Every installed linux-image-* package with its version and state; is_image_meta keeps the
+# metas. `|| true`: dpkg-query exits 1 when no package matches.
+KERNEL_METAS_COMMAND = (
+    "dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n' 'linux-image-*' "
+    "2>/dev/null || true"
+)
+
+
+class KernelMetas(FactBase[list[KernelMeta]]):
+    """The installed kernel image meta packages (linux-image-generic, -generic-hwe-24.04,
+    -amd64, ...) with their versions."""
+
+    def command(self) -> str:
+        return KERNEL_METAS_COMMAND
+
+    @staticmethod
+    def default() -> list[KernelMeta]:
+        return []
+
+    def process(self, output: list[str]) -> list[KernelMeta]:
+        return parse_kernel_metas("\n".join(output))

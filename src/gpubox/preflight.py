@@ -134,6 +134,27 @@ def run(config: HostConfig) -> Target:
     return target
 
 
+def desktop_report(config: HostConfig) -> Any:
+    """Tell the owner, before the first change, what the driver stage will do to the display
+    of a desktop (gpubox.desktop.report): nothing is logged on a box that is not one. Returns
+    the gpubox.desktop.Desktop it read."""
+    from pyinfra import host, logger
+
+    from gpubox import desktop
+    from gpubox.facts import DesktopState, KernelModuleLoaded, LoadedDriver
+
+    seen = host.get_fact(DesktopState)
+    lines = desktop.report(
+        config,
+        seen,
+        host.get_fact(LoadedDriver),
+        host.get_fact(KernelModuleLoaded, module="nouveau"),
+    )
+    for line in lines:
+        logger.warning(f"{config.host}: display: {line}")
+    return seen
+
+
 def repository_problems(config: HostConfig, target: Target) -> None:
     """Ask the repositories what they offer (gpubox.offers); refuse, nothing changed, when a
     pinned version or a driver package is not there."""

@@ -32,6 +32,15 @@ V100_LSPCI = [
     " [10de:1db5] (rev a1)",
 ]
 
+# gpubox.desktop's fact on a server (tests/ops/facts/README.md): multi-user.target, no display
+# manager, the deploy's own ssh session (a tty, remote, no seat), the NVIDIA devices with no
+# driver bound yet.
+SERVER_DESKTOP_STATE = (FACTS / "desktop-state-server").read_text().splitlines()
+
+# gpubox.kernels.KernelMetas on a fresh Ubuntu 24.04 server: the GA kernel's image meta at the
+# version of the running 6.8.0-88 kernel (Ubuntu's linux-meta source, noble-updates).
+KERNEL_METAS = {"ubuntu2404": ["linux-image-generic\t6.8.0-88.89\tii "]}
+
 OS_FAMILY = {"ubuntu2404": ("ubuntu", "24.04", "noble"), "debian12": ("debian", "12", "bookworm")}
 
 
@@ -86,6 +95,9 @@ def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
         **repo_answers(os_name),
         # gpubox.kernels: the running kernel, no other, no dkms yet
         "for f in /boot/vmlinuz-*": ["R 6.8.0-88-generic"],
+        "'linux-image-*'": KERNEL_METAS.get(os_name, []),
+        # gpubox.desktop: a server, not a desktop
+        "echo '## default-target'": SERVER_DESKTOP_STATE,
     }
     answers.update(overrides)
     return answers

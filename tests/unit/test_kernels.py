@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpubox import kernels
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.mark.parametrize(
@@ -79,3 +83,135 @@ def test_repair_builds_where_headers_are_and_installs_headers_elsewhere() -> Non
     assert "[ -e /lib/modules/6.1.0-28-amd64/build ]" in command
     assert "dkms autoinstall -k 6.1.0-28-amd64" in command
     assert "linux-headers-6.1.0-28-amd64" in command
+
+
+# The headers meta follows the series the box boots: the installed image metas (Ubuntu's
+# linux-meta / linux-meta-hwe-*, Debian's linux-signed-amd64 metas) and their versions.
+# dpkg-query's format: tests/fixtures/apt/dpkg-query_debian12_local.txt and
+# tests/fixtures/apt/dpkg-query-linux_debian12_local.txt ("un " for names dpkg only knows of).
+
+HWE = kernels.KernelMeta("linux-image-generic-hwe-24.04", "6.14.0-36.36~24.04.1")
+GA = kernels.KernelMeta("linux-image-generic", "6.8.0-88.89")
+
+
+@pytest.mark.parametrize(
+    "package, version, flavour, series, headers",
+    [
+        ("linux-image-generic", "6.8.0-88.89", "generic", "6.8", "linux-headers-generic"),
+        (
+            "linux-image-generic-hwe-24.04",
+            "6.17.0-35.35~24.04.1",  # packages.ubuntu.com/noble/linux-generic-hwe-24.04
+            "generic",
+            "6.17",
+            "linux-headers-generic-hwe-24.04",
+        ),
+        # the versions below are of the shape the linux-meta sources give (X.Y.Z-ABI.N[~24.04.1]);
+        # only the series (X.Y) is read from them
+        ("linux-image-oem-24.04", "6.11.0-1017.17", "oem", "6.11", "linux-headers-oem-24.04"),
+        ("linux-image-oem-24.04b", "6.11.0-1017.17", "oem", "6.11", "linux-headers-oem-24.04b"),
+        (
+            "linux-image-lowlatency",
+            "6.8.0-45.45.1",
+            "lowlatency",
+            "6.8",
+            "linux-headers-lowlatency",
+        ),
+        (
+            "linux-image-lowlatency-hwe-24.04",
+            "6.11.0-1007.7~24.04.1",
+            "lowlatency",
+            "6.11",
+            "linux-headers-lowlatency-hwe-24.04",
+        ),
+        (
+            "linux-image-generic-6.14",
+            "6.14.0-36.36~24.04.1",
+            "generic",
+            "6.14",
+            "linux-headers-generic-6.14",
+        ),
+        ("linux-image-virtual", "6.8.0-88.89", "generic", "6.8", "linux-headers-virtual"),
+        ("linux-image-amd64", "6.1.158-1", "amd64", "6.1", "linux-headers-amd64"),
+        ("linux-image-cloud-amd64", "6.1.158-1", "cloud-amd64", "6.1", "linux-headers-cloud-amd64"),
+        ("linux-image-rt-amd64", "6.1.158-1", "rt-amd64", "6.1", "linux-headers-rt-amd64"),
+        ("linux-image-amd64", "6.12.48-1~bpo12+1", "amd64", "6.12", "linux-headers-amd64"),
+    ],
+)
+def test_an_image_meta_names_its_flavour_series_and_headers_meta(
+    package: str, version: str, flavour: str, series: str, headers: str
+) -> None:
+    meta = kernels.KernelMeta(package, version)
+    assert (meta.flavour, meta.series, meta.headers) == (flavour, series, headers)
+
+
+def test_metas_are_told_from_kernels_by_the_release_in_their_name() -> None:
+    text = "\n".join(
+        [
+            "linux-image-6.14.0-36-generic\t6.14.0-36.36~24.04.1\tii ",
+            "linux-image-unsigned-6.14.0-36-generic\t6.14.0-36.36~24.04.1\tii ",
+            "linux-image-6.12.38+deb13-amd64\t6.12.38-1\tii ",
+            "linux-image-generic-hwe-24.04\t6.14.0-36.36~24.04.1\tii ",
+            "linux-image-generic\t6.8.0-88.89\trc ",  # removed: not installed
+            "linux-image-virtual\t\tun ",  # only known to dpkg
+            "linux-image-amd64-dbg\t6.1.158-1\tii ",
+        ]
+    )
+    assert kernels.parse_kernel_metas(text) == [HWE]
+
+
+def test_the_local_dpkg_query_output_without_any_image_reads_as_no_meta() -> None:
+    text = (FIXTURES / "apt" / "dpkg-query-linux_debian12_local.txt").read_text()
+    assert kernels.parse_kernel_metas(text) == []
+
+
+@pytest.mark.parametrize(
+    "release, flavour, series",
+    [
+        ("6.12.38+deb13-amd64", "amd64", "6.12"),  # Debian 13
+        ("6.12.12+bpo-amd64", "amd64", "6.12"),  # bookworm-backports
+        ("6.14.0-36-generic", "generic", "6.14"),
+    ],
+)
+def test_release_flavour_and_series(release: str, flavour: str, series: str) -> None:
+    assert (kernels.flavour(release), kernels.series(release)) == (flavour, series)
+
+
+def test_hwe_desktop_headers_follow_hwe_never_ga() -> None:
+    booted = ["6.14.0-35-generic", "6.14.0-36-generic"]
+    assert kernels.headers_packages("6.14.0-36-generic", booted, [HWE]) == [
+        "linux-headers-6.14.0-36-generic",
+        "linux-headers-generic-hwe-24.04",
+    ]
+    # GA and HWE metas, only HWE kernels boot: only the HWE headers meta
+    assert kernels.headers_packages("6.14.0-36-generic", booted, [GA, HWE]) == [
+        "linux-headers-6.14.0-36-generic",
+        "linux-headers-generic-hwe-24.04",
+    ]
+    # a GA kernel in /boot as well: both series are followed
+    both = kernels.headers_packages("6.14.0-36-generic", [*booted, "6.8.0-88-generic"], [GA, HWE])
+    assert both[1:] == ["linux-headers-generic", "linux-headers-generic-hwe-24.04"]
+
+
+def test_without_an_image_meta_the_running_flavour_decides_as_before() -> None:
+    assert kernels.headers_packages("6.8.0-88-generic", [], []) == [
+        "linux-headers-6.8.0-88-generic",
+        "linux-headers-generic",
+    ]
+    assert kernels.headers_packages("6.1.0-26-amd64") == [
+        "linux-headers-6.1.0-26-amd64",
+        "linux-headers-amd64",
+    ]
+
+
+def test_a_meta_of_a_series_nothing_boots_gets_no_headers() -> None:
+    # the GA meta alone on a box booting a custom kernel: its 6.8 series boots nowhere
+    assert kernels.headers_packages("6.18.44-fc-v857", ["6.18.44-fc-v857"], [GA]) == [
+        "linux-headers-6.18.44-fc-v857"
+    ]
+    # Debian: linux-image-amd64 follows 6.1; a cloud kernel boots: no linux-headers-amd64
+    amd64 = kernels.KernelMeta("linux-image-amd64", "6.1.158-1")
+    cloud = kernels.KernelMeta("linux-image-cloud-amd64", "6.1.158-1")
+    assert kernels.headers_packages("6.1.0-40-cloud-amd64", [], [amd64, cloud]) == [
+        "linux-headers-6.1.0-40-cloud-amd64",
+        "linux-headers-cloud-amd64",
+    ]

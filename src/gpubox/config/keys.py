@@ -104,6 +104,13 @@ KEYS: tuple[Key, ...] = (
         "reboot when the installed driver differs from the loaded one (else stop and say so)",
     ),
     Key(
+        "allow_desktop_reboot",
+        bool,
+        False,
+        "reboot even while a user is logged in to a graphical session (else the deploy installs "
+        "the driver and stops before the reboot, saying how to reboot)",
+    ),
+    Key(
         "reboot_timeout",
         int,
         900,

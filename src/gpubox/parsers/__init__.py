@@ -2,7 +2,9 @@
 
 - ``nvidia_smi``: nvidia-smi's table, -L, --query-gpu, nvlink -s, topo -m and its error
   messages;
-- ``system``: nvcc --version, lspci -Dnn, /etc/os-release, mokutil --sb-state;
+- ``system``: nvcc --version, lspci -Dnn (and -Dnnk's drivers), /etc/os-release,
+  mokutil --sb-state;
+- ``systemd``: systemctl get-default, systemctl show -p, loginctl show-session -p;
 - ``secure_boot``: mokutil --test-key, openssl x509, modinfo's signer, module taint;
 - ``apt``: apt-cache policy, apt-mark showhold, dpkg-query;
 - ``gpu_burn``: gpu-burn (a burn and `gpu_burn -l`);
@@ -68,10 +70,20 @@ from gpubox.parsers.secure_boot import (
 from gpubox.parsers.system import (
     NvccVersion,
     PciDevice,
+    PciKernelDevice,
     parse_lspci,
+    parse_lspci_kernel,
     parse_nvcc_version,
     parse_os_release,
     parse_secure_boot,
+)
+from gpubox.parsers.systemd import (
+    LoginSession,
+    UnitState,
+    parse_default_target,
+    parse_login_session,
+    parse_properties,
+    parse_unit_state,
 )
 
 __all__ = [
@@ -87,29 +99,36 @@ __all__ = [
     "DmonRow",
     "DmonSample",
     "DpkgPackage",
+    "LoginSession",
     "GpuBurnDevice",
     "GpuBurnResult",
     "NvLink",
     "NvccVersion",
     "ParseError",
     "PciDevice",
+    "PciKernelDevice",
     "SmiGpu",
     "SmiTable",
     "SmiTableGpu",
     "Topology",
+    "UnitState",
     "nvml_library_version",
     "parse_apt_policy",
     "parse_dcgmi_diag_json",
     "parse_dcgmi_discovery",
     "parse_dcgmi_dmon",
     "parse_dcgmi_error",
+    "parse_default_target",
     "parse_dpkg_query",
     "parse_gpu_burn",
     "parse_gpu_burn_list",
+    "parse_login_session",
     "parse_lspci",
+    "parse_lspci_kernel",
     "parse_nvcc_version",
     "parse_nvlink_status",
     "parse_os_release",
+    "parse_properties",
     "parse_query_gpu",
     "parse_secure_boot",
     "parse_showhold",
@@ -117,4 +136,5 @@ __all__ = [
     "parse_smi_list",
     "parse_smi_table",
     "parse_topo_matrix",
+    "parse_unit_state",
 ]

@@ -1,5 +1,5 @@
-"""The host's own outputs: `nvcc --version`, `lspci -nn`, /etc/os-release and
-`mokutil --sb-state`."""
+"""The host's own outputs: `nvcc --version`, `lspci -nn` (and `-nnk`'s drivers),
+/etc/os-release and `mokutil --sb-state`."""
 
 from __future__ import annotations
 
@@ -80,6 +80,44 @@ def parse_lspci(text: str) -> list[PciDevice]:
             )
         )
     return devices
+
+
+@dataclass(frozen=True)
+class PciKernelDevice:
+    """A device of `lspci -nnk` with the driver bound to it and the modules that could be."""
+
+    device: PciDevice
+    driver: str | None  # "Kernel driver in use:", None when no driver is bound
+    modules: tuple[str, ...] = ()  # "Kernel modules:" (absent where lspci cannot read them)
+
+
+def parse_lspci_kernel(text: str) -> list[PciKernelDevice]:
+    """`lspci -Dnnk` (optionally `-d 10de:`): each device line as parse_lspci reads it, and its
+    indented "Kernel driver in use: X" and "Kernel modules: a, b" lines (pciutils' ls-kernel.c
+    prints them with a tab; pages that quote them often show spaces). Other detail lines
+    (Subsystem, -v's) and grep's "--" are skipped."""
+    found: list[PciKernelDevice] = []
+    device: PciDevice | None = None
+    driver: str | None = None
+    modules: tuple[str, ...] = ()
+    for line in _lines(text):
+        if line.strip() and not line[:1].isspace() and line.strip() != "--":
+            if device is not None:
+                found.append(PciKernelDevice(device, driver, modules))
+            (device,) = parse_lspci(line)
+            driver, modules = None, ()
+            continue
+        stripped = line.strip()
+        if device is None:
+            continue
+        if stripped.startswith("Kernel driver in use:"):
+            driver = stripped.split(":", 1)[1].strip() or None
+        elif stripped.startswith("Kernel modules:"):
+            names = stripped.split(":", 1)[1].split(",")
+            modules = tuple(n.strip() for n in names if n.strip())
+    if device is not None:
+        found.append(PciKernelDevice(device, driver, modules))
+    return found
 
 
 # --------------------------------------------------------------------------- os-release

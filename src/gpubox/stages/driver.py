@@ -12,7 +12,16 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import apt, server
 
-from gpubox import driver_plan, kernels, layout, offers, operations, preflight, secure_boot
+from gpubox import (
+    desktop,
+    driver_plan,
+    kernels,
+    layout,
+    offers,
+    operations,
+    preflight,
+    secure_boot,
+)
 from gpubox.config import HostConfig, Target
 from gpubox.errors import HostStopped
 from gpubox.facts import CommandOutput, KernelModuleLoaded, LoadedDriver, MokKey, SecureBoot
@@ -39,6 +48,7 @@ def driver() -> None:
     config = current_config()
     target = preflight.run(config)
     secure_boot_gate(config, target)
+    display = preflight.desktop_report(config)  # a desktop's owner hears it before any change
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
     # by preflight), never a list written in advance.
     p = driver_plan.plan(config, target, offers.answer("nvidia_cuda").offers)
@@ -60,9 +70,13 @@ def driver() -> None:
 
     if config.driver_kernel_headers:
         apt.packages(
-            name="Install the kernel headers DKMS builds against (this kernel and its flavour's "
-            "next ones)",
-            packages=kernels.headers_packages(host.get_fact(KernelVersion)),
+            name="Install the kernel headers DKMS builds against (this kernel and the next ones "
+            "of each series the box boots)",
+            packages=kernels.headers_packages(
+                host.get_fact(KernelVersion),
+                host.get_fact(kernels.KernelModules).kernels,
+                host.get_fact(kernels.KernelMetas),
+            ),
             no_recommends=True,
         )
     apt.packages(
@@ -118,30 +132,27 @@ def driver() -> None:
 
     loaded = host.get_fact(LoadedDriver)
     nouveau_loaded = host.get_fact(KernelModuleLoaded, module="nouveau")
-    if loaded != config.driver_version or nouveau_loaded:
-        reason = (
-            "nouveau is loaded"
-            if nouveau_loaded
-            else f"driver {config.driver_version} installed, "
-            + (
-                f"{loaded} loaded"
-                if loaded and loaded != "mismatch"
-                else "a different driver loaded"
-                if loaded == "mismatch"
-                else "no NVIDIA module loaded"
-            )
-        )
-        if config.allow_reboot:
-            operations.reboot_and_wait(
-                name=f"Reboot to load the driver ({reason})",
-                reason=reason,
-                timeout=config.reboot_timeout,
-            )
-        else:
+    reason = desktop.reboot_reason(config.driver_version, loaded, nouveau_loaded)
+    if reason:
+        users = display.users_at_the_display
+        if not config.allow_reboot:
             operations.fail(
                 name="Stop: a reboot is needed",
                 message=f"{host.name}: a reboot is needed ({reason}) and allow_reboot is false: "
                 "reboot the box, then run the deploy again",
+            )
+        elif users and not config.allow_desktop_reboot:
+            # Someone is at the display: the driver is installed, the reboot is theirs to time.
+            operations.fail(
+                name="Stop before the reboot: a user is logged in to a graphical session",
+                message=desktop.stop_message(host.name, reason, users),
+            )
+            raise HostStopped(f"{host.name}: stopped before the reboot ({reason})")
+        else:
+            operations.reboot_and_wait(
+                name=f"Reboot to load the driver ({reason})",
+                reason=reason,
+                timeout=config.reboot_timeout,
             )
 
     # its unit is static (no [Install]): boot pulls it in through the wanted drop-in
