@@ -12,7 +12,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import apt, server
 
-from gpubox import driver_plan, kernels, layout, offers, operations, preflight
+from gpubox import driver_plan, driver_replacement, kernels, layout, offers, operations, preflight
 from gpubox.facts import CommandOutput, KernelModuleLoaded, LoadedDriver
 from gpubox.stages import FILES, ManagedFiles, current_config, render, units
 from gpubox.stages.nvidia_repo import nvidia_repo
@@ -39,6 +39,8 @@ def driver() -> None:
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
     # by preflight), never a list written in advance.
     p = driver_plan.plan(config, target, offers.answer("nvidia_cuda").offers)
+    # Another driver installed (Ubuntu's, Debian's, an older build): say what goes, first.
+    driver_replacement.warn_before_install(config, target, p)
 
     managed = ManagedFiles(
         {
