@@ -88,7 +88,9 @@ def test_ubuntu_pin_is_exact_and_refuses_the_archives_stubs_and_open_modules():
     assert fields[2]["Package"].split() == ["nvidia-dkms-570-open", "nvidia-kernel-source-570-open"]
     assert fields[2]["Pin-Priority"] == "-1"
     assert fields[3]["Pin"] == "release o=Ubuntu" and fields[3]["Pin-Priority"] == "-1"
-    assert "nvidia-*" in fields[3]["Package"].split()
+    # Ubuntu's driver builds by source package, never every NVIDIA name
+    assert "src:nvidia-graphics-drivers-*" in fields[3]["Package"].split()
+    assert "nvidia-*" not in fields[3]["Package"].split()
 
 
 def test_unattended_upgrades_blacklist_names_every_driver_package():

@@ -58,6 +58,8 @@ BASE = {
         libssl3t64 3.0.13-0ubuntu3.5
         libsystemd0 255.4-1ubuntu8.6
         libtinfo6 6.4+20240113-1ubuntu2
+        libwayland-client0 1.22.0-2.1build1
+        libwayland-server0 1.22.0-2.1build1
         libx11-6 2:1.8.7-1build1
         libx11-xcb1 2:1.8.7-1build1
         libxcb-dri3-0 1.15-1ubuntu2
@@ -105,6 +107,34 @@ def base_status(family: str) -> list[Stanza]:
             fields += f"Provides: {', '.join(provides)}\n"
         out.append(Stanza.parse(fields).as_installed())
     return out
+
+
+# A desktop's NVIDIA-named packages that are not driver builds (their own sources), and what
+# they depend on outside the recorded stanzas (versions from noble as remembered, modelled: only
+# that each relation is satisfied matters).
+DESKTOP_SOURCES = {"egl-wayland", "egl-gbm", "egl-x11", "nvidia-settings", "nvidia-prime"}
+DESKTOP_RELEASE = {  # each at its noble release version, from the recorded and written stanzas
+    "libnvidia-egl-wayland1": "1:1.1.13-1build1",
+    "libnvidia-egl-gbm1": "1.1.1-1",
+    "libnvidia-egl-xcb1": "1.0.0-1",
+    "libnvidia-egl-xlib1": "1.0.0-1",
+    "nvidia-settings": "510.47.03-0ubuntu4",
+    "nvidia-prime": "0.8.17.2",
+}
+DESKTOP_DEPENDS = """
+    libcairo2 1.18.0-3build1
+    libgdk-pixbuf-2.0-0 2.42.10+dfsg-3ubuntu3
+    libglib2.0-0t64 2.80.0-6ubuntu1
+    libgtk-3-0t64 3.24.41-4ubuntu1
+    libjansson4 2.14-2build2
+    libpango-1.0-0 1.52.1+ds-1build1
+    libpangocairo-1.0-0 1.52.1+ds-1build1
+    libvdpau1 1.5-2build1
+    libxnvctrl0 510.47.03-0ubuntu4
+    libxxf86vm1 1:1.1.4-1build4
+    pkg-config 1.8.1-2build1
+    screen-resolution-extra 0.18.3ubuntu0.24.04.1
+"""
 
 
 def fixture(name: str) -> list[Stanza]:
@@ -161,11 +191,46 @@ def _cuda_toolkit() -> list[Stanza]:
 
 
 def ubuntu_archive() -> list[Repo]:
-    suites = by_suite(fixture("ubuntu-noble-nvidia.Packages"))
+    suites = by_suite(
+        fixture("ubuntu-noble-nvidia.Packages") + fixture("ubuntu-noble-desktop-extra.Packages")
+    )
     return [
-        Repo(f"ubuntu-{suite}", "Ubuntu", "Ubuntu", suite, tuple(stanzas))
+        Repo(f"ubuntu-{suite}", "Ubuntu", "Ubuntu", suite, tuple(_downloadable(s) for s in stanzas))
         for suite, stanzas in suites.items()
     ]
+
+
+def _downloadable(stanza: Stanza) -> Stanza:
+    """A stanza recorded without Filename and Size (egl-wayland's) gets placeholders: apt
+    plans no install of a version it cannot download."""
+    if stanza.get("Filename"):
+        return stanza
+    version = stanza.version.split(":")[-1]
+    return stanza.replace(
+        Filename=f"pool/{stanza.package}_{version}_{stanza.get('Architecture')}.deb", Size="4096"
+    )
+
+
+def desktop_status() -> list[Stanza]:
+    """Ubuntu's modelled base plus a desktop's NVIDIA-named packages that are not driver builds,
+    installed at their release versions as their real (recorded or written) stanzas."""
+    status = {s.package: s for s in base_status("ubuntu")}
+    for line in DESKTOP_DEPENDS.split("\n"):
+        if line.strip():
+            name, version = line.split()
+            status[name] = Stanza.parse(
+                f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
+            ).as_installed()
+    status["python3"] = Stanza.parse(  # nvidia-prime: Depends python3:any
+        "Package: python3\nVersion: 3.12.3-0ubuntu2\nArchitecture: amd64\nMulti-Arch: allowed\n"
+    ).as_installed()
+    archive = fixture("ubuntu-noble-nvidia.Packages") + fixture(
+        "ubuntu-noble-desktop-extra.Packages"
+    )
+    for name, version in DESKTOP_RELEASE.items():
+        (stanza,) = [s for s in archive if s.package == name and s.version == version]
+        status[name] = stanza.as_installed()
+    return list(status.values())
 
 
 def ubuntu_template() -> list[Stanza]:

@@ -144,7 +144,7 @@ def test_debian_plan_pins_what_nvidia_builds_at_the_version_and_refuses_the_rest
     assert not any(re.fullmatch(p, "dkms") for p in patterns)
 
 
-def test_ubuntu_plan_refuses_ubuntus_nvidia_names_by_origin():
+def test_ubuntu_plan_refuses_ubuntus_driver_builds_by_source_package():
     c = config()
     version = driver_plan.package_version(c, "ubuntu")
     install, refused = driver_plan.roots(c, "ubuntu")
@@ -153,8 +153,15 @@ def test_ubuntu_plan_refuses_ubuntus_nvidia_names_by_origin():
     assert plan.pinned == sorted(install)
     *_, distro = blocks(plan.pin)
     assert distro[1:] == ("release o=Ubuntu", "-1")
-    assert {"nvidia-*", "libnvidia-*", "libcuda*"} <= set(distro[0])
-    assert "src:nvidia-graphics-drivers*" not in distro[0]
+    assert distro[0] == [
+        "src:nvidia-graphics-drivers-*",
+        "src:linux-restricted-modules*",
+        "linux-modules-nvidia-*",
+        "linux-objects-nvidia-*",
+        "linux-signatures-nvidia-*",
+    ]
+    # never every NVIDIA name: a desktop's egl-wayland, nvidia-settings, ... are not refused
+    assert not {"nvidia-*", "libnvidia-*"} & set(distro[0])
 
 
 def test_the_distro_refusal_is_a_catalog_entry():

@@ -15,6 +15,7 @@ from pyinfra.operations import apt, server
 from gpubox import (
     desktop,
     driver_plan,
+    driver_replacement,
     kernels,
     layout,
     offers,
@@ -52,6 +53,8 @@ def driver() -> None:
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
     # by preflight), never a list written in advance.
     p = driver_plan.plan(config, target, offers.answer("nvidia_cuda").offers)
+    # Another driver installed (Ubuntu's, Debian's, an older build): say what goes, first.
+    driver_replacement.warn_before_install(config, target, p)
 
     managed = ManagedFiles(
         {
