@@ -25,6 +25,7 @@ def evaluate(
     pci_devices: list[Any],
     secure_boot: bool | None,
     uid: int,
+    runfile_state: Any = None,  # gpubox.runfile.RunfileState: a driver from NVIDIA's .run
 ) -> list[Problem]:
     name = config.host
     problems: list[Problem] = []
@@ -107,6 +108,10 @@ def evaluate(
                 "mokutil --import /var/lib/dkms/mok.pub) and confirm it at the next boot",
             )
         )
+    if runfile_state is not None:
+        from gpubox import runfile
+
+        problems += runfile.problems(config, runfile_state)
     return problems
 
 
@@ -116,6 +121,7 @@ def run(config: HostConfig) -> Target:
     from pyinfra import host, logger
 
     from gpubox.facts import NvidiaPciDevices, OsRelease, SecureBoot, UserId
+    from gpubox.runfile import RunfileDriver
 
     passed = _passed.setdefault(host.state, {})
     if host.name in passed:
@@ -130,6 +136,7 @@ def run(config: HostConfig) -> Target:
         host.get_fact(NvidiaPciDevices),
         host.get_fact(SecureBoot),
         host.get_fact(UserId),
+        host.get_fact(RunfileDriver),
     )
     for problem in problems:
         if problem.severity == "warning":

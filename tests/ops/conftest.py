@@ -86,6 +86,8 @@ def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
         **repo_answers(os_name),
         # gpubox.kernels: the running kernel, no other, no dkms yet
         "for f in /boot/vmlinuz-*": ["R 6.8.0-88-generic"],
+        # gpubox.runfile: no runfile driver (its command prints nothing on a clean box)
+        "/var/lib/nvidia/log": [],
     }
     answers.update(overrides)
     return answers

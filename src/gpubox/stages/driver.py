@@ -12,7 +12,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import apt, server
 
-from gpubox import driver_plan, kernels, layout, offers, operations, preflight
+from gpubox import driver_plan, kernels, layout, offers, operations, preflight, runfile
 from gpubox.facts import CommandOutput, KernelModuleLoaded, LoadedDriver
 from gpubox.stages import FILES, ManagedFiles, current_config, render, units
 from gpubox.stages.nvidia_repo import nvidia_repo
@@ -36,6 +36,7 @@ PERSISTENCE_QUERY = "nvidia-smi --query-gpu=persistence_mode --format=csv,nohead
 def driver() -> None:
     config = current_config()
     target = preflight.run(config)
+    runfile.uninstall(config)  # runfile_driver: uninstall, before anything else of the stage
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
     # by preflight), never a list written in advance.
     p = driver_plan.plan(config, target, offers.answer("nvidia_cuda").offers)
