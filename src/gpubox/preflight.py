@@ -24,6 +24,7 @@ def evaluate(
     os_release: Mapping[str, str],
     pci_devices: list[Any],
     uid: int,
+    runfile_state: Any = None,  # gpubox.runfile.RunfileState: a driver from NVIDIA's .run
 ) -> list[Problem]:
     """The host's problems (errors refuse the run, warnings are logged). Secure Boot is no
     refusal: the driver stage signs the module with DKMS's enrolled key (gpubox.secure_boot)."""
@@ -97,6 +98,10 @@ def evaluate(
                 )
             )
 
+    if runfile_state is not None:
+        from gpubox import runfile
+
+        problems += runfile.problems(config, runfile_state)
     return problems
 
 
@@ -106,6 +111,7 @@ def run(config: HostConfig) -> Target:
     from pyinfra import host, logger
 
     from gpubox.facts import NvidiaPciDevices, OsRelease, UserId
+    from gpubox.runfile import RunfileDriver
 
     passed = _passed.setdefault(host.state, {})
     if host.name in passed:
@@ -119,6 +125,7 @@ def run(config: HostConfig) -> Target:
         os_release,
         host.get_fact(NvidiaPciDevices),
         host.get_fact(UserId),
+        host.get_fact(RunfileDriver),
     )
     for problem in problems:
         if problem.severity == "warning":

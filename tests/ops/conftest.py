@@ -98,6 +98,8 @@ def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
         "'linux-image-*'": KERNEL_METAS.get(os_name, []),
         # gpubox.desktop: a server, not a desktop
         "echo '## default-target'": SERVER_DESKTOP_STATE,
+        # gpubox.runfile: no runfile driver (its command prints nothing on a clean box)
+        "/var/lib/nvidia/log": [],
     }
     answers.update(overrides)
     return answers

@@ -96,6 +96,14 @@ KEYS: tuple[Key, ...] = (
         True,
         "install linux-headers for the running kernel (DKMS builds the module against them)",
     ),
+    Key(
+        "runfile_driver",
+        str,
+        "refuse",
+        "a driver from NVIDIA's .run installer on the box: 'refuse' (preflight stops, nothing "
+        "changed) or 'uninstall' (the driver stage first runs nvidia-uninstall --silent)",
+        choices=("refuse", "uninstall"),
+    ),
     Key("cuda_version", str, "12.8", "CUDA toolkit to install (toolkit only, never a driver)"),
     Key(
         "allow_reboot",

@@ -21,6 +21,7 @@ from gpubox import (
     offers,
     operations,
     preflight,
+    runfile,
     secure_boot,
 )
 from gpubox.config import HostConfig, Target
@@ -50,6 +51,7 @@ def driver() -> None:
     target = preflight.run(config)
     secure_boot_gate(config, target)
     display = preflight.desktop_report(config)  # a desktop's owner hears it before any change
+    runfile.uninstall(config)  # runfile_driver: uninstall, before the stage's own changes
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
     # by preflight), never a list written in advance.
     p = driver_plan.plan(config, target, offers.answer("nvidia_cuda").offers)
