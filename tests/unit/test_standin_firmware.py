@@ -426,3 +426,59 @@ def test_lspci_k_without_nouveau_loaded(tmp_path: Path):
     assert out.endswith("(rev a1)\n\tKernel modules: nvidiafb, nouveau\n")  # firmware fb
     assert "Kernel driver in use" not in _lspci(tmp_path, st.default_state(), "-nnk")
     assert "Kernel" not in _lspci(tmp_path, desktop, "-Dnn")  # only with -k
+
+
+# --------------------------------------------------------------------------- the faults
+
+
+def test_dkms_key_is_made_with_debian_dkms_command():
+    # dkms 3.0.10-8+deb12u1 /usr/sbin/dkms prepare_signing (the key and certificate paths are
+    # its defaults when framework.conf sets none)
+    assert faults.DKMS_KEYGEN == (
+        'openssl req -new -x509 -nodes -days 36500 -subj "/CN=DKMS module signing key" '
+        "-newkey rsa:2048 -keyout /var/lib/dkms/mok.key -outform DER -out /var/lib/dkms/mok.pub"
+    )
+
+
+def test_secure_boot_faults_set_the_firmware(certs):
+    calls: list[str] = []
+    der = certs["a"][1]
+
+    def run(command: str, stdin: str | None) -> subprocess.CompletedProcess[str]:
+        calls.append(command)
+        out = base64.b64encode(der).decode() if command.startswith("base64") else ""
+        return subprocess.CompletedProcess(command, 1 if command.startswith("test -f") else 0, out)
+
+    state = faults.plant_secure_boot(st.default_state(), run, enrolled=False)
+    assert state["secure_boot"]["enabled"] and state["secure_boot"]["enrolled"] == []
+    assert calls == []  # not enrolled: nothing is done in the box
+    state = faults.plant_secure_boot(st.default_state(), run, enrolled=True)
+    assert state["secure_boot"]["enrolled"] == [base64.b64encode(der).decode()]
+    assert any(faults.DKMS_KEYGEN in c for c in calls)  # made, as dkms would, when missing
+
+
+def test_runfile_fault_calls_the_runfile_stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    import types
+
+    monkeypatch.delitem(sys.modules, "gpubox.sandbox.runfile_standin", raising=False)
+    seen: list[tuple[Path, str]] = []
+    fake = types.ModuleType("gpubox.sandbox.runfile_standin")
+
+    def plant(root: Path, version: str = "580.95.05") -> list[str]:
+        seen.append((root, version))
+        return ["/usr/bin/nvidia-uninstall"]
+
+    fake.plant = plant  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpubox.sandbox.runfile_standin", fake)
+    assert faults.plant_runfile(tmp_path) == ["/usr/bin/nvidia-uninstall"]
+    faults.plant_runfile(tmp_path, "575.64")
+    assert seen == [(tmp_path, "580.95.05"), (tmp_path, "575.64")]
+
+
+def test_cli_mok_screen_needs_a_password_file():
+    from gpubox.sandbox import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["mok-screen"])  # --enroll or --timeout
+    assert exc.value.code == 2
+    assert "mok-screen" in cli.__doc__ and "secure-boot-enrolled" in sandbox_box.FAULTS

@@ -211,13 +211,11 @@ def plant_runfile(root: Path, version: str | None = None) -> list[str]:
     """NVIDIA's .run installer's leftovers (gpubox.sandbox.runfile_standin, another part of
     issue 16); the paths planted."""
     try:
-        from gpubox.sandbox import runfile_standin  # type: ignore[attr-defined]
+        from gpubox.sandbox.runfile_standin import plant
     except ImportError as exc:
         raise SandboxError(
             "the runfile-driver fault needs gpubox.sandbox.runfile_standin, which this tree "
             "does not have yet"
         ) from exc
-    planted: list[str] = (
-        runfile_standin.plant(root) if version is None else runfile_standin.plant(root, version)
-    )
+    planted: list[str] = plant(root) if version is None else plant(root, version)
     return planted

@@ -3,10 +3,10 @@ real box.
 
 ``nvidia-smi``, ``lspci``, ``mokutil``, ``dcgmi``, ``nv-hostengine`` and ``boot-modules`` here
 are standalone python3 scripts (standard library only) that run inside the box and print real
-output formats for the hardware
-in the box's state file; ``gpu-burn/`` is a stand-in gpu-burn source tree (Makefile and a
-python gpu_burn template) that the sandbox serves as gpu-burn's tarball. ``state`` writes the
-state file and plants faults in it. STATE.md documents the files they read and their contracts.
+output formats for the hardware and firmware in the box's state file; ``gpu-burn/`` is a
+stand-in gpu-burn source tree (Makefile and a python gpu_burn template) that the sandbox serves
+as gpu-burn's tarball. ``state`` writes the state file and plants faults in it. STATE.md
+documents the files they read and their contracts.
 """
 
 from __future__ import annotations
