@@ -45,6 +45,14 @@ def test_a_fresh_box_has_no_efi_and_its_own_empty_sys_module():
 def test_import_then_enroll_at_the_mok_screen_across_a_reboot():
     sandbox.plant_fault("secure-boot")
     assert box_sh("mokutil --sb-state") == "SecureBoot enabled\n"
+    # Debian's own mokutil, installed as the deploy may install it, does not take its place
+    box_sh(
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mokutil"
+        " >/dev/null"
+    )
+    assert box_sh("test -x /usr/bin/mokutil.distrib && mokutil --sb-state") == (
+        "SecureBoot enabled\n"
+    )
     assert run(f"test -e {CERT}").returncode != 0  # dkms has built nothing yet
     # the key pair as Debian's dkms makes it, as the deploy will
     box_sh(
@@ -136,6 +144,8 @@ def test_dkms_signs_the_module_and_the_kernel_check_follows_the_enrolled_keys():
 
     reboot()  # no EFI: nothing enrolled, the module loads unverified
     assert box_sh("cat /sys/module/nvidia/taint") == "POE\n"
+    # /etc/modules-load.d names nvidia-drm: its install rule loads nvidia-modeset first
+    assert box_sh("ls /sys/module").split() == ["nvidia", "nvidia_drm", "nvidia_modeset"]
     assert box_sh("cat /sys/module/nvidia/version") == "570.211.01\n"
 
     sandbox.plant_fault("secure-boot")  # on, and the DKMS key not enrolled: refused

@@ -482,3 +482,26 @@ def test_cli_mok_screen_needs_a_password_file():
         cli.main(["mok-screen"])  # --enroll or --timeout
     assert exc.value.code == 2
     assert "mok-screen" in cli.__doc__ and "secure-boot-enrolled" in sandbox_box.FAULTS
+
+
+def test_modprobe_follows_debians_install_rules(tmp_path: Path):
+    script = load_module_script(tmp_path)
+    conf = tmp_path / "modprobe.d"
+    conf.mkdir()
+    # Debian's nvidia-kernel-support 535.309.01 nvidia-modprobe.conf (re-versioned), as
+    # /etc/modprobe.d/nvidia.conf has it in the box
+    (conf / "nvidia.conf").write_text(
+        "install nvidia modprobe -i nvidia-current $CMDLINE_OPTS\n"
+        "install nvidia-modeset modprobe nvidia ; modprobe -i nvidia-current-modeset "
+        "$CMDLINE_OPTS\n"
+        "install nvidia-drm modprobe nvidia-modeset ; modprobe -i nvidia-current-drm "
+        "$CMDLINE_OPTS\n"
+    )
+    script.MODPROBE_DIRS = (str(conf),)
+    assert script.install_target("nvidia") == "nvidia-current"
+    assert script.modprobe("nvidia-drm") == [
+        "nvidia-current",
+        "nvidia-current-modeset",
+        "nvidia-current-drm",
+    ]
+    assert script.modprobe("nouveau") == ["nouveau"]
