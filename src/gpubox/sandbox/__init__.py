@@ -7,7 +7,7 @@ and a compiler cache that outlives the box. Nothing here is ever shipped to a re
 no stage knows the sandbox exists: inventories/sandbox.py turns ``box_info()`` into ordinary
 host data.
 
-    gpubox sandbox up | down | status | ssh -- CMD | exec -- CMD | fault NAME | image
+    gpubox sandbox up | down | status | ssh -- CMD | exec -- CMD | fault NAME | mok-screen | image
 """
 
 from gpubox.sandbox.box import (
@@ -26,6 +26,7 @@ from gpubox.sandbox.box import (
     hardware_state,
     is_up,
     load_check_image,
+    mok_screen,
     netns_argv,
     plant_fault,
     save_hardware_state,
@@ -54,6 +55,7 @@ __all__ = [
     "hardware_state",
     "is_up",
     "load_check_image",
+    "mok_screen",
     "netns_argv",
     "plant_fault",
     "save_hardware_state",

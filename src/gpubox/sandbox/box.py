@@ -84,9 +84,12 @@ DEBOOTSTRAP_INCLUDE = (
     "iproute2",  # testinfra's host.socket() runs ss
     "initramfs-tools",  # the driver stage runs update-initramfs
     "kmod",
+    # Debian's kernel build scripts for 6.1 (what linux-headers-*-amd64 depends on): its real
+    # scripts/sign-file, with which Debian's real dkms signs the modules it builds (kernel.py)
+    "linux-kbuild-6.1",
 )
 # Bump when the rootfs customisation below changes: it is part of the cache key.
-ROOTFS_RECIPE_VERSION = 1
+ROOTFS_RECIPE_VERSION = 2
 # The container image the host checks run in the box (load_check_image), never from a registry.
 CHECK_IMAGE = "gpubox.local/check:1"
 # A compiler cache that outlives the box: <cache dir>/ccache on the host, bind-mounted here in
@@ -577,9 +580,32 @@ def _prepare_box_rootfs(root: Path, mirror: str, pubkey: str) -> None:
 # --------------------------------------------------------------------------- hardware
 
 
+# The boot unit of the stand-in kernel modules other than NVIDIA's (standin/boot-modules).
+BOOT_MODULES = "/usr/local/lib/gpubox-standin/boot-modules"
+BOOT_MODULES_UNIT = "gpubox-standin-boot-modules.service"
+BOOT_MODULES_UNIT_TEXT = f"""\
+# gpubox sandbox stand-in (never shipped to a real box): the kernel modules the box's hardware
+# gets at boot (nouveau for the display card, when the state says so). STANDINS.md.
+[Unit]
+Description=gpubox sandbox stand-in: load the display card's kernel module
+DefaultDependencies=no
+After=local-fs.target
+Before=sysinit.target display-manager.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={BOOT_MODULES}
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
 def install_hardware(root: Path) -> None:
-    """The box's stand-in "hardware": the GPU state file and the lspci stand-in (in
-    /usr/local/sbin, and in /usr/bin past a local diversion of pciutils' lspci)."""
+    """The box's stand-in "hardware": the GPU state file, the lspci and mokutil stand-ins (in
+    /usr/local/sbin, and in /usr/bin past a local diversion of pciutils' lspci and mokutil's
+    own), and the boot unit of the display card's module."""
     from gpubox.sandbox import standin
     from gpubox.sandbox.standin import state as standin_state
 
@@ -608,18 +634,58 @@ def install_hardware(root: Path) -> None:
         lspci.parent.mkdir(parents=True, exist_ok=True)
         lspci.write_bytes(standin.LSPCI.read_bytes())
         lspci.chmod(0o755)
+    # mokutil likewise: Debian's mokutil package, once the product installs it, keeps its
+    # binary at mokutil.distrib and the stand-in answers from the firmware state
+    # (standin/mokutil; without EFI, as on a box without the fault, it answers as the real
+    # one does in a container).
+    subprocess.run(
+        [
+            "dpkg-divert",
+            f"--root={root}",
+            "--local",
+            "--rename",
+            "--divert",
+            "/usr/bin/mokutil.distrib",
+            "--add",
+            "/usr/bin/mokutil",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    for path in ("usr/local/sbin/mokutil", "usr/bin/mokutil"):
+        mokutil = root / path
+        mokutil.parent.mkdir(parents=True, exist_ok=True)
+        mokutil.write_bytes(standin.MOKUTIL.read_bytes())
+        mokutil.chmod(0o755)
+    boot_modules = _in_box(root, BOOT_MODULES)
+    boot_modules.parent.mkdir(parents=True, exist_ok=True)
+    boot_modules.write_bytes(standin.BOOT_MODULES.read_bytes())
+    boot_modules.chmod(0o755)
+    units = root / "etc/systemd/system"
+    (units / BOOT_MODULES_UNIT).write_text(BOOT_MODULES_UNIT_TEXT)
+    wants = units / "sysinit.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / BOOT_MODULES_UNIT
+    if not link.is_symlink():
+        link.symlink_to(f"/etc/systemd/system/{BOOT_MODULES_UNIT}")
 
 
 def _in_box(root: Path, path: Path | str) -> Path:
     return root / str(path).lstrip("/")
 
 
-# The faults ``plant_fault`` knows: name -> (what it does, the standin.state call).
+# The faults ``plant_fault`` knows: name -> what it does.
 FAULTS = {
     "gpu-missing": "GPU --gpu (default 1) falls off the bus: gone from lspci and nvidia-smi",
     "gpu-unbound": "GPU --gpu (default 1) stays on the bus but the driver does not bind it",
     "nvlink-down": "NVLink port --link (default 2) of GPU --gpu (default 0) and its peer go down",
     "persistence-off": "persistence mode reads Off even while nvidia-persistenced keeps it on",
+    "secure-boot": "UEFI Secure Boot on, the DKMS signing key not enrolled (stand-in mokutil)",
+    "secure-boot-enrolled": "Secure Boot on and the box's DKMS key (/var/lib/dkms/mok.pub, "
+    "made as Debian's dkms makes it when missing) enrolled long ago",
+    "desktop": "a graphical desktop: graphical.target, gdm.service (display-manager.service) "
+    "running, user owner logged in to a Wayland session on seat0, nouveau driving the GT 710",
+    "runfile-driver": "what NVIDIA's .run installer leaves: its files and nvidia-uninstall",
 }
 
 
@@ -641,14 +707,24 @@ def save_hardware_state(new: dict[str, Any], info: dict[str, Any] | None = None)
     standin_state.save_state(new, _in_box(Path(info["rootfs"]), standin.STATE_PATH))
 
 
-def plant_fault(
-    name: str, gpu: int | None = None, link: int | None = None, info: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Plant a hardware fault (one of FAULTS) in the running box; returns the new state.
+def _runner(info: dict[str, Any]) -> Callable[[str, str | None], subprocess.CompletedProcess[str]]:
+    return lambda command, stdin: ssh(command, check=False, timeout=600, info=info, input=stdin)
 
-    Faults add up; ``clear_faults()`` restores the reference hardware. Configuration faults
-    (a stopped service, a removed hold, ...) are planted over SSH instead: they are the box's.
-    """
+
+def plant_fault(
+    name: str,
+    gpu: int | None = None,
+    link: int | None = None,
+    info: dict[str, Any] | None = None,
+    version: str | None = None,
+) -> dict[str, Any]:
+    """Plant a fault (one of FAULTS) in the running box; returns the new stand-in state.
+
+    Faults add up; ``clear_faults()`` restores the reference hardware and undoes what the
+    firmware and desktop faults planted in the box. Configuration faults (a stopped service, a
+    removed hold, ...) are planted over SSH instead: they are the box's. ``version``: the
+    runfile driver's version (runfile-driver only)."""
+    from gpubox.sandbox import faults
     from gpubox.sandbox.standin import state as standin_state
 
     info = info or box_info()
@@ -663,6 +739,14 @@ def plant_fault(
         )
     elif name == "persistence-off":
         standin_state.set_persistence_forced_off(current, True)
+    elif name in ("secure-boot", "secure-boot-enrolled"):
+        faults.plant_secure_boot(current, _runner(info), enrolled=name == "secure-boot-enrolled")
+    elif name == "desktop":
+        standin_state.set_display_driver(current, "nouveau")
+        save_hardware_state(current, info)
+        faults.plant_desktop(_runner(info))
+    elif name == "runfile-driver":
+        faults.plant_runfile(Path(info["rootfs"]), version)
     else:
         raise SandboxError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
     save_hardware_state(current, info)
@@ -670,12 +754,56 @@ def plant_fault(
 
 
 def clear_faults(info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Restore the reference hardware (standin.state.default_state())."""
+    """Restore the reference hardware (standin.state.default_state(), without EFI) and undo
+    what the secure-boot-enrolled and desktop faults planted in the box (the runfile-driver
+    fault's files stay: a fresh box has none)."""
+    from gpubox.sandbox import faults
     from gpubox.sandbox.standin import state as standin_state
 
-    fresh = standin_state.default_state()
+    info = info or box_info()
+    fresh = standin_state.t4_state() if info.get("box", 1) == 2 else standin_state.default_state()
     save_hardware_state(fresh, info)
+    if Path(info["rootfs"], faults.MARKER_DIR.lstrip("/")).exists():
+        ssh("bash -s", timeout=600, info=info, input=faults.clear_script())
     return fresh
+
+
+def mok_screen(
+    answer: str, password: str | None = None, info: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What someone at the console does at the box's next boot's MOK screen: "enroll" with
+    the password given to ``mokutil --import`` (pending keys become enrolled when it matches;
+    a wrong one enrolls nothing), or "timeout" (nobody answers: the request is discarded, as
+    MokManager does after about 10 s). It takes effect when the box boots again (a test then
+    runs ``systemctl reboot`` and ``wait_ready(since_boot_id=...)``); a reboot without an
+    answer is a timeout. Returns the new stand-in state."""
+    from gpubox.sandbox.standin import state as standin_state
+
+    info = info or box_info()
+    current = hardware_state(info)
+    try:
+        standin_state.mok_screen(current, answer, password)
+    except ValueError as exc:
+        raise SandboxError(str(exc)) from exc
+    save_hardware_state(current, info)
+    return current
+
+
+def _firmware_at_boot(rootfs: Path) -> str | None:
+    """What the box's firmware does before the OS boots again: shim's MOK screen (applies the
+    answer ``mok_screen`` prepared, or times out). Run by the supervisor before a reboot."""
+    from gpubox.sandbox import standin
+    from gpubox.sandbox.standin import state as standin_state
+
+    path = _in_box(rootfs, standin.STATE_PATH)
+    try:
+        current = standin_state.load_state(path)
+    except (OSError, ValueError):
+        return None
+    outcome = standin_state.apply_mok_screen(current)
+    if outcome is not None:
+        standin_state.save_state(current, path)
+    return outcome
 
 
 # --------------------------------------------------------------------------- check image
@@ -898,6 +1026,9 @@ def _nspawn_argv(rootfs: Path, ccache: Path) -> list[str]:
         "--timezone=off",
         "--link-journal=no",
         f"--bind={ccache}:{CCACHE_DIR}",
+        # the box's own loaded kernel modules, empty at every boot (the host's /sys/module is
+        # read-only in the box and shows the host's): the stand-in module units write there
+        "--tmpfs=/sys/module:mode=0755",
         # Docker inside the box: iptables/bridges, runc's keyring and
         # cgroup v2 device filter.
         "--capability=CAP_NET_ADMIN",
@@ -966,6 +1097,10 @@ def _supervise(sdir: Path) -> int:
         if rc != NSPAWN_REBOOT_STATUS:
             break
         print(f"{time.strftime('%H:%M:%S')} the box rebooted: booting it again", flush=True)
+        if "rootfs" in spec:
+            outcome = _firmware_at_boot(Path(spec["rootfs"]))
+            if outcome:
+                print(f"{time.strftime('%H:%M:%S')} MOK screen: {outcome}", flush=True)
     # nspawn.pid stays: down reads the box's init from it (the box outlives a killed nspawn)
     return 0
 
@@ -1158,7 +1293,9 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
         _write_state(sdir, state)
 
         # the supervisor, then the stand-in repository server (which exits with it)
-        (sdir / "nspawn.json").write_text(json.dumps({"argv": _nspawn_argv(rootfs, ccache)}))
+        (sdir / "nspawn.json").write_text(
+            json.dumps({"argv": _nspawn_argv(rootfs, ccache), "rootfs": str(rootfs)})
+        )
         procs["supervisor"] = _spawn(
             [sys.executable, "-c", _HELPER.format(module="box"), "supervise", str(sdir)],
             sdir / "logs" / "supervisor.log",

@@ -9,6 +9,8 @@ gpubox sandbox ssh [-- CMD ...]   a shell or a command in the box (exit status p
 gpubox sandbox exec -- CMD ...    a host command inside the box's network namespace,
                                   where the box is 127.0.0.1 (pyinfra, pytest)
 gpubox sandbox fault NAME|clear   plant a stand-in hardware fault (or clear them all)
+gpubox sandbox mok-screen --enroll --password-file F | --timeout
+                                  what the console does at the next boot's MOK screen
 gpubox sandbox image              build and load the host checks' container image in the
                                   box (Docker must be installed there); prints its name
 """
@@ -130,11 +132,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     fault.add_argument("name", choices=[*box.FAULTS, "clear"])
     fault.add_argument("--gpu", type=int, help="the GPU's position in the state (0, 1)")
     fault.add_argument("--link", type=int, help="the NVLink port of that GPU")
+    fault.add_argument("--version", help="runfile-driver: the runfile's driver version")
+    mok = sub.add_parser(
+        "mok-screen",
+        help="answer the next boot's MOK screen (enroll with the import password, or time out)",
+        description="What someone at the console does at the MOK screen of the box's next boot "
+        "(it takes effect when the box reboots: gpubox sandbox ssh -- systemctl reboot).",
+    )
+    answer = mok.add_mutually_exclusive_group(required=True)
+    answer.add_argument("--enroll", action="store_true", help="Enroll MOK, with the password")
+    answer.add_argument("--timeout", action="store_true", help="nobody answers (10 s)")
+    mok.add_argument(
+        "--password-file", help="a file whose first line is the mokutil --import password"
+    )
     sub.add_parser(
         "image",
         help="build and load the host checks' container image in the box; prints its name",
     )
-    for name in ("ssh", "exec", "fault", "image"):
+    for name in ("ssh", "exec", "fault", "image", "mok-screen"):
         sub.choices[name].add_argument("--box", type=int, default=1, help="which box (1..4)")
     args = parser.parse_args(argv)
 
@@ -166,7 +181,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.name == "clear":
                 box.clear_faults()
             else:
-                box.plant_fault(args.name, gpu=args.gpu, link=args.link)
+                box.plant_fault(args.name, gpu=args.gpu, link=args.link, version=args.version)
+            return 0
+        if args.action == "mok-screen":
+            password = None
+            if args.enroll:
+                if not args.password_file:
+                    parser.error("mok-screen --enroll needs --password-file FILE")
+                with open(args.password_file, encoding="utf-8") as handle:
+                    password = handle.readline().rstrip("\n")
+            box.mok_screen("enroll" if args.enroll else "timeout", password)
             return 0
         if args.action == "image":
             print(box.load_check_image())
@@ -177,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error("exec needs a command: gpubox sandbox exec -- CMD ...")
             box.box_info()
             os.execvp("ip", box.netns_argv(command))
-    except (box.SandboxError, ValueError, IndexError) as exc:
+    except (box.SandboxError, ValueError, IndexError, OSError) as exc:
         print(f"gpubox sandbox: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

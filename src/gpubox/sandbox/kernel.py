@@ -12,7 +12,14 @@ setup), laid out like Debian's packages lay them out:
   (Debian's dkms postinst finds the newest installed kernel there);
 - ``linux-headers``: ``/usr/src/linux-headers-<kernel>/`` with ``.config`` (no PREEMPT_RT:
   NVIDIA's dkms.conf excludes real-time kernels), ``include/``, ``Module.symvers``, a Makefile
-  that refuses to build anything, and the ``build`` link in ``/lib/modules/<kernel>/``.
+  that refuses to build anything, the ``build`` link in ``/lib/modules/<kernel>/``, and
+  ``scripts/sign-file``: a link to the real one of Debian's ``linux-kbuild-6.1`` (installed in
+  the box's root filesystem, as Debian's headers packages depend on it). Debian's dkms 3.0.10
+  looks for ``/usr/lib/linux-kbuild-${kernelver%.*}/scripts/sign-file`` (for a 6.18.x kernel:
+  linux-kbuild-6.18, absent), then ``/lib/modules/$kernelver/build/scripts/sign-file``: it
+  finds this one and signs every module it builds with its MOK (/var/lib/dkms/mok.key,
+  mok.pub, made on the first build). Its ``.config`` has Debian 12's module signing options
+  (CONFIG_MODULE_SIG, sha256).
 
 The stand-in NVIDIA module source (repo.py, STANDINS.md) builds against any such tree without
 compiling. ``box.plant_kernel`` adds a second stand-in kernel to a running box and runs DKMS's
@@ -34,6 +41,10 @@ CONFIG_LOCALVERSION=""
 CONFIG_MODULES=y
 CONFIG_MODULE_UNLOAD=y
 CONFIG_MODVERSIONS=y
+CONFIG_MODULE_SIG=y
+CONFIG_MODULE_SIG_ALL=y
+CONFIG_MODULE_SIG_SHA256=y
+CONFIG_MODULE_SIG_HASH="sha256"
 CONFIG_SMP=y
 CONFIG_PREEMPT_VOLUNTARY=y
 CONFIG_X86_64=y
@@ -55,6 +66,10 @@ The sandbox box runs the host's kernel, for which no headers package exists; thi
 what Debian's dkms needs to see headers installed (include/, .config). See
 gpubox/sandbox/kernel.py and STANDINS.md.
 """
+
+
+# Debian 12's real sign-file (package linux-kbuild-6.1, in the box's root filesystem).
+SIGN_FILE = "/usr/lib/linux-kbuild-6.1/scripts/sign-file"
 
 
 class KernelError(ValueError):
@@ -112,4 +127,9 @@ def install_kernel(root: Path, version: str, headers: bool = True) -> list[str]:
             build.unlink()
         build.symlink_to(f"/usr/src/linux-headers-{version}")
         written.append(f"/lib/modules/{version}/build")
+        sign_file = root / f"usr/src/linux-headers-{version}/scripts/sign-file"
+        if sign_file.is_symlink() or sign_file.exists():
+            sign_file.unlink()
+        sign_file.symlink_to(SIGN_FILE)
+        written.append(f"/usr/src/linux-headers-{version}/scripts/sign-file")
     return written

@@ -1,10 +1,12 @@
-"""Stand-ins for what the sandbox box cannot have: its GPUs. Never shipped to a real box.
+"""Stand-ins for what the sandbox box cannot have: its GPUs and firmware. Never shipped to a
+real box.
 
-``nvidia-smi``, ``lspci``, ``dcgmi`` and ``nv-hostengine`` here are standalone python3 scripts
-(standard library only) that run inside the box and print real output formats for the hardware
-in the box's state file; ``gpu-burn/`` is a stand-in gpu-burn source tree (Makefile and a
-python gpu_burn template) that the sandbox serves as gpu-burn's tarball. ``state`` writes the
-state file and plants faults in it. STATE.md documents the files they read and their contracts.
+``nvidia-smi``, ``lspci``, ``mokutil``, ``dcgmi``, ``nv-hostengine`` and ``boot-modules`` here
+are standalone python3 scripts (standard library only) that run inside the box and print real
+output formats for the hardware and firmware in the box's state file; ``gpu-burn/`` is a
+stand-in gpu-burn source tree (Makefile and a python gpu_burn template) that the sandbox serves
+as gpu-burn's tarball. ``state`` writes the state file and plants faults in it. STATE.md
+documents the files they read and their contracts.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from gpubox.sandbox.standin.state import (
 HERE = Path(__file__).parent
 NVIDIA_SMI = HERE / "nvidia-smi"
 LSPCI = HERE / "lspci"
+MOKUTIL = HERE / "mokutil"
+BOOT_MODULES = HERE / "boot-modules"
 DCGMI = HERE / "dcgmi"
 NV_HOSTENGINE = HERE / "nv-hostengine"
 GPU_BURN_TREE = HERE / "gpu-burn"
@@ -51,6 +55,8 @@ __all__ = [
     "HOSTENGINE_FILE",
     "LOADED_DRIVER_FILE",
     "LSPCI",
+    "MOKUTIL",
+    "BOOT_MODULES",
     "NVIDIA_SMI",
     "NV_HOSTENGINE",
     "PERSISTENCE_FILE",

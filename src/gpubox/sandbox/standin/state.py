@@ -9,8 +9,11 @@ into the box; the stand-ins read it on every call, so a change shows at once."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,8 @@ HOSTENGINE_FILE = "nv-hostengine.pid"
 # dcgmi serves profiling fields (1001-1012) only while this file exists.
 PROFILING_MODULE = Path("/usr/lib/x86_64-linux-gnu/libdcgmmoduleprofiling.so.4")
 PROFILING_MODULE_ENV = "GPUBOX_STANDIN_DCGM_PROFILING_MODULE"
+# The loaded kernel modules (/sys/module in the box), moved by the unit tests.
+SYS_MODULE_ENV = "GPUBOX_STANDIN_SYS_MODULE"
 # Seconds between two progress reports of the stand-in gpu_burn.
 BURN_TICK_ENV = "GPUBOX_STANDIN_BURN_TICK"
 
@@ -345,3 +350,118 @@ def profiling_module_path() -> Path:
     PROFILING_MODULE, else /usr/lib/x86_64-linux-gnu/libdcgmmoduleprofiling.so.4."""
     env = os.environ.get(PROFILING_MODULE_ENV)
     return Path(env) if env else PROFILING_MODULE
+
+
+# --------------------------------------------------------------------------- firmware
+
+
+def secure_boot(state: State) -> dict[str, Any] | None:
+    """The box's stand-in UEFI variables (STATE.md "secure_boot"), or None: no EFI."""
+    section: dict[str, Any] | None = state.get("secure_boot")
+    return section
+
+
+def set_secure_boot(state: State, enabled: bool, efi: bool = True) -> State:
+    """The box boots through UEFI (``efi``) with Secure Boot ``enabled`` or not; keeps the
+    enrolled keys and any pending request. ``efi=False``: no EFI variables at all (the box's
+    default: `mokutil` then says "EFI variables are not supported on this system")."""
+    if not efi:
+        state.pop("secure_boot", None)
+        return state
+    section = state.setdefault("secure_boot", {})
+    section.update(efi=True, enabled=enabled)
+    section.setdefault("enrolled", [])
+    section.setdefault("pending", [])
+    section.setdefault("pending_password_hash", None)
+    return state
+
+
+def enroll_certificate(state: State, der: bytes) -> State:
+    """Put a DER certificate into MokListRT, as if its owner had enrolled it long ago."""
+    section = secure_boot(state)
+    if section is None:
+        raise ValueError("the box has no EFI: set_secure_boot first")
+    encoded = base64.b64encode(der).decode()
+    if encoded not in section["enrolled"]:
+        section["enrolled"].append(encoded)
+    return state
+
+
+def password_hash(password: str, salt: str | None = None) -> str:
+    """What the stand-in mokutil keeps of an import password (standin/mokutil password_hash;
+    the real one writes a SHA-512 crypt hash to MokAuth): "sha512$SALT$HEX"."""
+    salt = salt or secrets.token_hex(8)
+    return f"sha512${salt}${hashlib.sha512((salt + password).encode()).hexdigest()}"
+
+
+def password_matches(stored: str | None, password: str) -> bool:
+    if not stored or stored.count("$") != 2:
+        return False
+    _, salt, _ = stored.split("$")
+    return secrets.compare_digest(password_hash(password, salt), stored)
+
+
+MOK_ANSWERS = ("enroll", "timeout")
+
+
+def mok_screen(state: State, answer: str, password: str | None = None) -> State:
+    """What someone at the console will do at the next boot's MOK screen (shim's MokManager,
+    which runs when MokNew is set): "enroll" with the import password, or "timeout" (nobody
+    answers: MokManager deletes MokNew and boots on after about 10 s). Applied by
+    ``apply_mok_screen`` when the box boots again; a boot with a request and no answer is a
+    timeout."""
+    if answer not in MOK_ANSWERS:
+        raise ValueError(f"MOK screen answer {answer!r}: one of {', '.join(MOK_ANSWERS)}")
+    section = secure_boot(state)
+    if section is None:
+        raise ValueError("the box has no EFI, so no MOK screen: plant a secure-boot fault first")
+    if answer == "enroll" and password is None:
+        raise ValueError("enrolling at the MOK screen needs the import password")
+    section["mok_screen"] = {
+        "answer": answer,
+        "password_ok": answer == "enroll"
+        and password_matches(section.get("pending_password_hash"), password or ""),
+    }
+    return state
+
+
+def apply_mok_screen(state: State) -> str | None:
+    """The MOK screen of a boot (run by the sandbox before the box boots again): with a
+    pending request, "enroll" and the right password moves its keys to the enrolled ones;
+    a wrong password (MokManager gives up after 3 tries: "Failed to enroll keys") or no
+    answer enrolls nothing; the request is gone either way (MokManager deletes MokNew as it
+    reads it). Returns what happened, or None when no request was pending."""
+    section = secure_boot(state)
+    if section is None:
+        return None
+    answer = section.pop("mok_screen", None) or {"answer": "timeout", "password_ok": False}
+    pending = section.get("pending") or []
+    if not pending:
+        return None
+    if answer["answer"] == "enroll" and answer["password_ok"]:
+        for cert in reversed(pending):  # MokNew's first key was the last imported
+            if cert not in section["enrolled"]:
+                section["enrolled"].append(cert)
+        outcome = f"enrolled {len(pending)} key(s)"
+    elif answer["answer"] == "enroll":
+        outcome = "wrong password 3 times: Failed to enroll keys; the request is discarded"
+    else:
+        outcome = "no answer: the request is discarded"
+    section["pending"] = []
+    section["pending_password_hash"] = None
+    return outcome
+
+
+def set_display_driver(state: State, driver: str | None) -> State:
+    """The kernel driver the box's display card (the GT 710) gets at boot: "nouveau" (a
+    desktop: loaded unless /etc/modprobe.d blacklists it) or None (no driver: the firmware
+    framebuffer)."""
+    state["display_driver"] = driver
+    return state
+
+
+def sys_module_dir() -> Path:
+    """Where the stand-ins read the loaded kernel modules: $GPUBOX_STANDIN_SYS_MODULE, else
+    /sys/module (in the box a tmpfs the sandbox mounts there, STANDINS.md)."""
+    env = os.environ.get(SYS_MODULE_ENV)
+    return Path(env) if env else Path("/sys/module")

@@ -1,0 +1,221 @@
+"""The box's firmware and desktop faults (issue 16): Secure Boot, the DKMS signing key
+enrolled, a graphical desktop with a logged-in session, a runfile driver.
+
+What the box cannot have is a stand-in (the firmware's EFI variables and MOK screen, the GT
+710's nouveau, the kernel's signature check: standin/, STANDINS.md); everything else a fault
+plants is real and done in the box over SSH: the DKMS key pair made by the box's openssl with
+Debian's dkms command, systemd's graphical target, a display manager unit, a real logind
+session through PAM. ``box.plant_fault`` and ``box.clear_faults`` call these; this module
+imports nothing of ``box`` (it is handed the box's root filesystem and an SSH runner)."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpubox.sandbox.common import SandboxError
+from gpubox.sandbox.standin import state as standin_state
+
+# Runs a shell command in the box: (command, stdin) -> the finished process.
+Run = Callable[[str, str | None], subprocess.CompletedProcess[str]]
+
+# Debian's dkms 3.0.10 (dkms.in prepare_signing; Debian 12 dkms 3.0.10-8+deb12u1): its key pair
+# when framework.conf sets none, and the command that makes it when either file is missing.
+DKMS_KEY = "/var/lib/dkms/mok.key"
+DKMS_CERT = "/var/lib/dkms/mok.pub"
+DKMS_KEYGEN = (
+    'openssl req -new -x509 -nodes -days 36500 -subj "/CN=DKMS module signing key" '
+    f"-newkey rsa:2048 -keyout {DKMS_KEY} -outform DER -out {DKMS_CERT}"
+)
+
+# What the faults leave in the box, so that clear_faults undoes exactly that.
+MARKER_DIR = "/var/lib/gpubox-standin/faults"
+
+DESKTOP_USER = "owner"
+SESSION_UNIT = "gpubox-standin-desktop-session.service"
+# GNOME's gdm.service.in at tag 46.2 (GNOME/gdm data/gdm.service.in; Ubuntu 24.04 ships gdm3
+# 46.x), its meson variables filled as guessed for Ubuntu's build (VT 1, plymouth-quit.service,
+# /etc/default/locale). Changed for the stand-in: ExecStart runs a sleeper instead of
+# /usr/sbin/gdm3, and BusName= is dropped (it would make systemd wait, Type=dbus, for a bus
+# name the sleeper never takes). Ubuntu's packaging changes to the unit, if any, are not in it.
+GDM_UNIT = """\
+# gpubox sandbox stand-in (never shipped to a real box): GNOME's gdm.service (GNOME/gdm 46.2
+# data/gdm.service.in) with a sleeper for gdm3 and without BusName= (STANDINS.md).
+[Unit]
+Description=GNOME Display Manager
+
+# replaces the getty
+Conflicts=getty@tty1.service
+After=getty@tty1.service
+
+# replaces plymouth-quit since it quits plymouth on its own
+Conflicts=plymouth-quit.service
+After=plymouth-quit.service
+
+# Needs all the dependencies of the services it's replacing
+# pulled from getty@.service and plymouth-quit.service
+# (except for plymouth-quit-wait.service since it waits until
+# plymouth is quit, which we do)
+After=rc-local.service plymouth-start.service systemd-user-sessions.service
+
+# GDM takes responsibility for stopping plymouth, so if it fails
+# for any reason, make sure plymouth still stops
+OnFailure=plymouth-quit.service
+
+[Service]
+ExecStart=/bin/sleep infinity
+KillMode=mixed
+Restart=always
+IgnoreSIGPIPE=no
+EnvironmentFile=-/etc/default/locale
+ExecReload=/bin/kill -SIGHUP $MAINPID
+KeyringMode=shared
+
+[Install]
+Alias=display-manager.service
+"""
+# The owner's graphical session: a real logind session opened through PAM (pam_systemd reads
+# the XDG_* variables systemd puts into the PAM environment), as gdm opens one for a user who
+# logs in to GNOME on Wayland. No VT number: logind refuses one on a seat without VTs (a
+# container's seat0).
+SESSION_UNIT_TEXT = f"""\
+# gpubox sandbox stand-in (never shipped to a real box): {DESKTOP_USER}'s graphical session,
+# a real logind session (Type wayland, Class user, seat0) opened through PAM (STANDINS.md).
+[Unit]
+Description=gpubox sandbox stand-in: {DESKTOP_USER}'s GNOME on Wayland session
+After=systemd-user-sessions.service systemd-logind.service gdm.service
+Wants=gdm.service
+
+[Service]
+User={DESKTOP_USER}
+PAMName=login
+Environment=XDG_SESSION_TYPE=wayland XDG_SESSION_CLASS=user XDG_SEAT=seat0 \
+XDG_SESSION_DESKTOP=ubuntu XDG_CURRENT_DESKTOP=ubuntu:GNOME
+ExecStart=/bin/sleep infinity
+Restart=on-failure
+
+[Install]
+WantedBy=graphical.target
+"""
+
+
+def _check(result: subprocess.CompletedProcess[str], what: str) -> str:
+    if result.returncode != 0:
+        raise SandboxError(
+            f"in the box: {what} failed ({result.returncode}):\n{result.stderr}{result.stdout}"
+        )
+    return result.stdout
+
+
+def _marker(run: Run, name: str, text: str = "") -> None:
+    _check(run(f"mkdir -p {MARKER_DIR} && cat > {MARKER_DIR}/{name}", text), f"marker {name}")
+
+
+# --------------------------------------------------------------------------- Secure Boot
+
+
+def dkms_certificate(run: Run, create: bool) -> bytes | None:
+    """The box's DKMS certificate (DER), made first as Debian's dkms 3.0.10 makes it when
+    ``create`` and either file of the pair is missing (dkms regenerates both then)."""
+    exists = run(f"test -f {DKMS_KEY} && test -f {DKMS_CERT}", None).returncode == 0
+    if not exists:
+        if not create:
+            return None
+        _check(run(f"mkdir -p /var/lib/dkms && {DKMS_KEYGEN} >/dev/null 2>&1", None), "openssl")
+        _marker(run, "dkms-key")
+    return base64.b64decode(_check(run(f"base64 -w0 {DKMS_CERT}", None), "reading mok.pub"))
+
+
+def plant_secure_boot(state: dict[str, Any], run: Run, enrolled: bool) -> dict[str, Any]:
+    """Secure Boot on; with ``enrolled`` the box's DKMS key is in MokListRT too."""
+    standin_state.set_secure_boot(state, True)
+    if enrolled:
+        der = dkms_certificate(run, create=True)
+        assert der is not None
+        standin_state.enroll_certificate(state, der)
+    return state
+
+
+# --------------------------------------------------------------------------- desktop
+
+
+def plant_desktop(run: Run) -> None:
+    """A graphical desktop's system side: graphical.target by default, a display manager
+    (gdm.service, aliased display-manager.service) running, the owner logged in to a Wayland
+    session on seat0 (a real logind session: libpam-systemd is installed from Debian's mirror
+    when missing), and nouveau driving the GT 710 (standin boot-modules) until a boot finds it
+    blacklisted (the state's display_driver, set and saved by the caller first). Everything is
+    enabled: it survives the box's reboot."""
+    script = f"""set -e
+if ! dpkg-query -W -f='${{Status}}' libpam-systemd 2>/dev/null | grep -q 'ok installed'; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpam-systemd >/dev/null
+    touch {MARKER_DIR}/desktop-libpam-systemd
+fi
+id -u {DESKTOP_USER} >/dev/null 2>&1 || {{ useradd -m -s /bin/bash {DESKTOP_USER}; \
+touch {MARKER_DIR}/desktop-user; }}
+cat > /etc/systemd/system/gdm.service <<'EOF'
+{GDM_UNIT}EOF
+cat > /etc/systemd/system/{SESSION_UNIT} <<'EOF'
+{SESSION_UNIT_TEXT}EOF
+systemctl get-default > {MARKER_DIR}/desktop-default-target
+systemctl daemon-reload
+systemctl set-default graphical.target >/dev/null 2>&1
+systemctl enable gdm.service {SESSION_UNIT} >/dev/null 2>&1
+systemctl start gdm.service {SESSION_UNIT}
+systemctl restart gpubox-standin-boot-modules.service
+for i in $(seq 50); do
+    loginctl list-sessions --no-legend | grep -q ' {DESKTOP_USER} ' && exit 0
+    sleep 0.1
+done
+echo "no logind session for {DESKTOP_USER}" >&2; loginctl list-sessions >&2; exit 1
+"""
+    _check(run(f"mkdir -p {MARKER_DIR}", None), "mkdir")
+    _check(run("bash -s", script), "planting the desktop")
+
+
+def clear_script() -> str:
+    """Undo what the faults planted in the box (their markers say what): the desktop's
+    units, target, user and libpam-systemd, the DKMS key pair the enrolled fault made."""
+    return f"""set -e
+m={MARKER_DIR}
+if [ -f /etc/systemd/system/{SESSION_UNIT} ]; then
+    systemctl disable --now {SESSION_UNIT} gdm.service >/dev/null 2>&1 || true
+    rm -f /etc/systemd/system/{SESSION_UNIT} /etc/systemd/system/gdm.service
+    if [ -f $m/desktop-default-target ]; then
+        systemctl set-default "$(cat $m/desktop-default-target)" >/dev/null 2>&1
+    fi
+    systemctl daemon-reload
+fi
+if [ -f $m/desktop-user ]; then
+    loginctl terminate-user {DESKTOP_USER} >/dev/null 2>&1 || true
+    for i in $(seq 50); do pgrep -u {DESKTOP_USER} >/dev/null || break; sleep 0.1; done
+    userdel -r {DESKTOP_USER} >/dev/null 2>&1 || true
+fi
+if [ -f $m/desktop-libpam-systemd ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq libpam-systemd >/dev/null
+fi
+if [ -f $m/dkms-key ]; then rm -f {DKMS_KEY} {DKMS_CERT}; fi
+rm -rf $m
+rm -rf /sys/module/nouveau
+"""
+
+
+# --------------------------------------------------------------------------- runfile
+
+
+def plant_runfile(root: Path, version: str | None = None) -> list[str]:
+    """NVIDIA's .run installer's leftovers (gpubox.sandbox.runfile_standin, another part of
+    issue 16); the paths planted."""
+    try:
+        from gpubox.sandbox.runfile_standin import plant
+    except ImportError as exc:
+        raise SandboxError(
+            "the runfile-driver fault needs gpubox.sandbox.runfile_standin, which this tree "
+            "does not have yet"
+        ) from exc
+    planted: list[str] = plant(root) if version is None else plant(root, version)
+    return planted
