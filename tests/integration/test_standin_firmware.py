@@ -160,10 +160,14 @@ def test_dkms_signs_the_module_and_the_kernel_check_follows_the_enrolled_keys():
     reboot()
     assert box_sh("cat /sys/module/nvidia/taint") == "PO\n"
     assert box_sh("nvidia-smi -L").count("Tesla V100-SXM2-32GB") == 2
+    # the product on this box: the deploy goes on (the key is enrolled), the check passes
+    again = demo.deploy("deploy/driver.py")
+    assert again.rc == 0 and not again.failed_hosts, again.output[-3000:]
+    secure = demo.checks(extra=("-k", "secure-boot"))
+    assert (secure.rc, secure.passed, secure.skipped) == (0, 1, 0), secure.output[-2000:]
     sandbox.clear_faults()
 
 
 def test_the_runfile_driver_fault():
-    pytest.importorskip("gpubox.sandbox.runfile_standin")
     sandbox.plant_fault("runfile-driver")
     assert box_sh("test -x /usr/bin/nvidia-uninstall && echo yes") == "yes\n"
