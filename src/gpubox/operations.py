@@ -91,12 +91,10 @@ def cuda_symlink(prefix: str, link: str = layout.USR_LOCAL_CUDA):
 
 @operation(is_idempotent=False)
 def fail(message: str):
-    """Stop this host's deploy here with ``message`` (after the operations before it ran)."""
-
-    def _fail() -> None:
-        raise OperationError(message)
-
-    yield FunctionCommand(_fail, (), {})
+    """Stop this host's deploy here with ``message`` (after the operations before it ran): a
+    command that prints it on stderr and exits 1, so pyinfra shows the message as the host's
+    error (a Python exception here would show as a traceback)."""
+    yield f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"
 
 
 @operation(is_idempotent=False)

@@ -801,3 +801,20 @@ def test_the_fleet_table_opens_with_a_row_per_host(tmp_path: Path):
     document = json.loads(doctor.render_json([], rows))
     assert [row["host"] for row in document["fleet"]] == ["gpu1", "gpu2", "gpu3"]
     assert document["fleet"][0]["bench"] == "65 tok/s"
+
+
+def test_the_secure_boot_line_says_the_key_and_the_modules(host: StandinHost):
+    view, verdicts, text = check(host)
+    assert (
+        "SecureBoot on; key /var/lib/dkms/mok.pub enrolled ('DKMS module signing key'); "
+        "loaded nvidia PO, nvidia_uvm PO; modules verified\n"
+    ) in text
+    # a module the kernel did not verify: the line says so, and the check names it
+    host.outputs["mok"] = host.outputs["mok"].replace("LOADED nvidia PO", "LOADED nvidia POE")
+    view, verdicts, text = check(host)
+    assert "loaded nvidia POE, nvidia_uvm PO; /sys/module/nvidia/taint is 'POE'" in text
+    assert set(failed(verdicts)) == {"driver.secure-boot"}
+    # Secure Boot off: one word, and the check does not apply
+    host.outputs["sb_state"] = "SecureBoot disabled\n"
+    view, verdicts, text = check(host)
+    assert "\nSecureBoot off\n" in text and failed(verdicts) == {}
