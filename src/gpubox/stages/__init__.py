@@ -34,11 +34,23 @@ def run_stages(*stages: Callable[[], object]) -> None:
     are skipped and the other hosts go on. A host whose stage stops it on purpose (HostStopped:
     its operations so far run, the last one fails with the owner's next step) plans no further
     stage either."""
+    from pyinfra.context import ctx_host
+
+    # pyinfra names an operation by the line numbers of its call stack, not the files: two
+    # stages adding an operation at the same line of their modules get the same name, and
+    # hosts of one run that add different sets of operations (a fresh box beside converged
+    # ones) then order them in a cycle ("Cycle detected in operation ordering DAG"). The
+    # stage's position, like pyinfra's own host.loop, makes every stage's operations its own.
+    position = ctx_host.get().loop_position if ctx_host.isset() else []
+    position.append(0)
     try:
-        for stage in stages:
+        for index, stage in enumerate(stages):
+            position[-1] = index
             stage()
     except (HostRefused, HostStopped):
         pass  # the reason, with the host's name, is in the output already
+    finally:
+        position.pop()
 
 
 def current_config() -> HostConfig:
