@@ -46,7 +46,7 @@ resolver: venv host-packages
 	$(BIN)/pytest -q tests/resolver
 
 integration: venv host-packages
-	$(BIN)/pytest -q -m integration tests/integration
+	$(BIN)/pytest -q -m integration tests/integration --durations=20
 
 test: lint unit ops resolver integration
 
