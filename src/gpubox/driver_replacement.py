@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
 
-from gpubox import layout
+from gpubox import layout, offers
 from gpubox.config import HostConfig, Target
 from gpubox.driver_plan import DriverPlan
 
@@ -106,15 +106,6 @@ def installed_distro_driver(
     )
 
 
-def _unsigned(source_line: str) -> str:
-    words = source_line.strip().split()
-    if len(words) > 1 and words[1].startswith("[") and words[1].endswith("]"):
-        words[1] = "[trusted=yes]"
-    else:
-        words.insert(1, "[trusted=yes]")
-    return " ".join(words)
-
-
 def simulate_command(
     source_line: str,
     pin_text: str,
@@ -164,7 +155,8 @@ def simulate_command(
         'else : > "$d/sources.list"; fi\n'
         'for f in "$e"/sources.list.d/*.list "$e"/sources.list.d/*.sources; do '
         '[ -f "$f" ] && [ "$f" != "$skip" ] && cp "$f" "$d/parts/"; done\n'
-        f'printf "%s\\n" {shlex.quote(_unsigned(source_line))} > "$d/parts/zz-gpubox-nvidia.list"\n'
+        f'printf "%s\\n" {shlex.quote(offers.trusted_source_line(source_line))} '
+        '> "$d/parts/zz-gpubox-nvidia.list"\n'
         f'printf "%s" {shlex.quote(pin_text)} > "$d/prefs/90-gpubox-nvidia-driver"\n'
         f"LC_ALL=C apt-get -s -q {opts} install --no-install-recommends --allow-downgrades "
         f"{words} 2>&1\n"

@@ -76,7 +76,7 @@ def query_command(
 ) -> str:
     """Shell that asks apt, in a private root, what the repository of ``source_line`` offers
     for ``packages`` (every version) and at ``at_version`` (every package)."""
-    line = _unsigned(source_line)
+    line = trusted_source_line(source_line)
     d = f"{base}/{name}"
     opts = " ".join(
         f"-o {o}"
@@ -117,7 +117,7 @@ def query_command(
     )
 
 
-def _unsigned(source_line: str) -> str:
+def trusted_source_line(source_line: str) -> str:
     """The catalog's source line with its signed-by option replaced by trusted=yes."""
     words = source_line.strip().split()
     if len(words) > 1 and words[1].startswith("[") and words[1].endswith("]"):

@@ -7,8 +7,7 @@ Why: dpkg overwrites without a word files that no package owns, so the runfile's
 ``libcuda``/``libnvidia-ml`` and its DKMS entry stay next to the packaged driver; a runfile
 newer than the pinned driver keeps ldconfig's ``.so.1`` links (ldconfig links a soname to the
 newest file) and NVML reports a driver/library version mismatch. NVIDIA's CUDA installation
-guide, "Handle Conflicting Installation Methods"
-(https://docs.nvidia.com/cuda/cuda-installation-guide-linux/): "Use the following command to
+guide for Linux, section "Handle Conflicting Installation Methods": "Use the following command to
 uninstall a Driver runfile installation: sudo /usr/bin/nvidia-uninstall".
 
 What a runfile install leaves, and where each fact comes from (NVIDIA/nvidia-installer on
