@@ -304,3 +304,76 @@ def test_one_gpu_and_the_cpu_build_do_not_ask_for_nccl(box, tmp_path):
     b, done = box(cuda=False, gpu_count=2, nccl_found=False)
     assert done.returncode == 0, done.stderr
     assert "NCCL" not in (tmp_path / "cmake.log").read_text()
+
+
+TINY_CMAKE = """cmake_minimum_required(VERSION 3.16)
+project(tiny C CXX)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_executable(llama-server tools/server/server.cpp)
+add_executable(llama-bench tools/bench/bench.c)
+"""
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("cmake", "ninja", "ccache", "cc", "c++")),
+    reason="needs cmake, ninja, ccache and a C/C++ compiler",
+)
+def test_a_second_build_of_the_same_inputs_compiles_nothing(tmp_path):
+    """The real build script, real CMake, Ninja, compilers and ccache, on a tiny tree laid out
+    as the sdist: the second build re-extracts the source (new files, new times) into a fresh
+    build directory, and every compile is a cache hit."""
+    tree = "pkg_x-1.0/vendor/llama.cpp"
+    files = {
+        f"{tree}/CMakeLists.txt": TINY_CMAKE,
+        f"{tree}/tools/server/server.cpp": '#include <cstdio>\nint main(){std::puts("s");}\n',
+        f"{tree}/tools/bench/bench.c": '#include <stdio.h>\nint main(void){puts("b");}\n',
+        f"{tree}/ggml/src/ggml-cuda/ggml-cuda.cu": "// before\n" + GATE % "VOLTA",
+        f"{tree}/ggml/src/ggml-cuda/gated_delta_net.cu": "// GDN\n",
+    }
+    archive = tmp_path / "pkg_x-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    cache = tmp_path / "models/.ccache"
+    config = load_host_config(
+        "b",
+        {
+            "llamacpp_cuda": False,
+            "llamacpp_ccache_dir": str(cache),
+            "catalog_overrides": {
+                "llamacpp.url": archive.as_uri(),
+                "llamacpp.sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
+                "llamacpp.tree": tree,
+                "llamacpp.prefix": str(tmp_path / "opt"),
+            },
+        },
+    )
+    b = llamacpp_build.llama_build(config)
+    (command,) = llamacpp_build.build_commands(b)
+    env = {**os.environ, "CCACHE_DIR": str(cache)}
+
+    def stats() -> dict[str, int]:
+        out = subprocess.run(
+            ["ccache", "--print-stats"], capture_output=True, text=True, env=env, check=True
+        ).stdout
+        return {
+            k: int(v) for k, v in (line.split("\t") for line in out.splitlines()) if v.isdigit()
+        }
+
+    def run() -> None:
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    run()
+    first = stats()
+    assert first["cache_miss"] == 2  # the first build compiles both files, into the cache
+    subprocess.run(["ccache", "--zero-stats"], env=env, check=True, capture_output=True)
+    run()
+    second = stats()
+    hits = second.get("direct_cache_hit", 0) + second.get("preprocessed_cache_hit", 0)
+    assert (hits, second["cache_miss"]) == (2, 0), second
+    out = subprocess.run([b.binary], capture_output=True, text=True).stdout
+    assert out.strip() == "s" and (Path(b.directory) / BUILD_INFO).read_text().strip() == b.info
