@@ -33,10 +33,12 @@ def box_data(info):
         "docker_check_image": info["check_image"],
         "burnin_seconds": 3,
         # llama.cpp built for real in the box, for its CPU (no GPU there), through a
-        # compiler cache the sandbox keeps across boxes.
+        # compiler cache the sandbox keeps across boxes: the host's cache, bind-mounted at
+        # this path in every box (not the default under model_dir, which dies with the box).
         "backend": "llamacpp",
         "llamacpp_cuda": False,
         "llamacpp_ccache": True,
+        "llamacpp_ccache_dir": info["ccache_dir"],
         # The tiny model through the default path: the hf tool (installed on the box from
         # a PyPI mirror, below) from a Hugging Face mirror on loopback, as a user sets one.
         "model_source": "hf",

@@ -38,9 +38,9 @@ DEV_CHAR_UDEV_RULE = "/etc/udev/rules.d/71-gpubox-nvidia-dev-char.rules"
 # --- tools
 GPU_BURN_WRAPPER = "/usr/local/bin/gpu-burn"
 
-# --- llama.cpp: the home of its system user (llama), the build's compiler cache
+# --- llama.cpp: the home of its system user (llama); the build's compiler cache is the
+# llamacpp_ccache_dir key (by default under model_dir, on the models' volume)
 LLAMA_HOME = "/var/lib/llama"
-LLAMA_CCACHE_DIR = "/var/cache/gpubox-ccache"
 
 # --- model downloads
 HF_VENV = "/opt/gpubox/hf-venv"

@@ -32,7 +32,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from gpubox import layout
+from gpubox import apt_versions, layout, nccl
 from gpubox.config import HostConfig, Problem, Target
 
 
@@ -146,7 +146,7 @@ class PinnedSet:
 
     stage: str
     repo: str  # catalog repos.<name>
-    packages: Mapping[str, str]  # name -> exact version
+    packages: Mapping[str, str]  # name -> exact version, or a pattern (gpubox.apt_versions)
     catalog_key: str  # what to override (catalog_overrides dotted path, or a config key)
 
 
@@ -182,6 +182,17 @@ def pinned_sets(
             "catalog_overrides 'container_toolkit.version'",
         ),
     ]
+    if nccl.wanted(config):
+        # a pattern (gpubox.nccl): the repository must offer a version that matches it
+        pattern = nccl.pin(config)
+        sets.append(
+            PinnedSet(
+                "nccl",
+                "nvidia_cuda",
+                dict.fromkeys(nccl.PACKAGES, pattern),
+                nccl.catalog_key(config),
+            )
+        )
     kept = (
         config.docker_keep_existing and docker_engine.get("binary") and docker_engine.get("active")
     )
@@ -222,7 +233,7 @@ def missing(
             continue
         for name, version in pinned.packages.items():
             offered = index.offers.get(name, [])
-            if version in offered:
+            if apt_versions.satisfies(version, offered):
                 continue
             have = ", ".join(offered[-6:]) if offered else "none: the package is not there"
             problems.append(

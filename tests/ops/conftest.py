@@ -44,6 +44,12 @@ KERNEL_METAS = {"ubuntu2404": ["linux-image-generic\t6.8.0-88.89\tii "]}
 OS_FAMILY = {"ubuntu2404": ("ubuntu", "24.04", "noble"), "debian12": ("debian", "12", "bookworm")}
 
 
+# NCCL builds NVIDIA's CUDA repository carries, as public install scripts name them with
+# `apt-get install libnccl2=... libnccl-dev=...` (2.25.1-1+cuda12.8, 2.26.2-1+cuda12.8,
+# 2.32.3-1+cuda12.9); the catalog's pattern *+cuda12.8 resolves to 2.26.2-1+cuda12.8.
+NCCL_OFFERED = ("2.25.1-1+cuda12.8", "2.26.2-1+cuda12.8", "2.32.3-1+cuda12.9")
+
+
 def repo_answers(os_name: str) -> dict[object, object]:
     """What the repositories offer (gpubox.offers' query): every catalog pin, and the driver
     roots of each branch at its package version, as NVIDIA's repositories carry them."""
@@ -61,6 +67,7 @@ def repo_answers(os_name: str) -> dict[object, object]:
         f"P {c['package']} {c['package_version']}" for c in cat["cuda"]["versions"].values()
     ]
     cuda_repo += [f"P {n} {cat['dcgm']['version']}" for n in cat["dcgm"]["packages"]]
+    cuda_repo += [f"P {n} {v}" for n in ("libnccl2", "libnccl-dev") for v in NCCL_OFFERED]
     toolkit = [
         f"P {n} {cat['container_toolkit']['version']}" for n in cat["container_toolkit"]["packages"]
     ]

@@ -254,13 +254,17 @@ def converged_ubuntu_box() -> dict[object, object]:
         "ii  cuda-toolkit-12-8  12.8.1-1  amd64  toolkit",
         "ii  linux-headers-6.8.0-88-generic  6.8.0-88.89  amd64  headers",
         "ii  linux-headers-generic  6.8.0-88.89  amd64  headers meta",
+        # NCCL (two GPUs, llama.cpp with CUDA) at an older +cuda12.8 build than the newest
+        # offered: it matches the catalog's pattern, so it stays
+        "hi  libnccl2  2.25.1-1+cuda12.8  amd64  NCCL",
+        "hi  libnccl-dev  2.25.1-1+cuda12.8  amd64  NCCL",
     ]
     return fresh_box(
         "ubuntu2404",
         **{
             "sha256sum <": digests,
             "dpkg -l": dpkg,
-            "apt-mark showhold": UBUNTU_570,
+            "apt-mark showhold": UBUNTU_570 + ["libnccl2", "libnccl-dev"],
             "gpg --homedir": "EB693B3035CD5710E231E123A4B469963BF863CC",
             "cat /sys/module/nvidia/version": "570.211.01",
             "systemctl show": ["Id=nvidia-persistenced.service", "SubState=running"],

@@ -123,6 +123,7 @@ def sdist(path: Path, arch: str = "VOLTA", tree: str = TREE) -> str:
 FAKE_CMAKE = """#!/bin/sh
 # stand-in for cmake: configure records its arguments, --build prints Ninja's lines
 echo "$*" >> "$FAKE_LOG"
+echo "CCACHE_DIR=${CCACHE_DIR:-unset}" >> "$FAKE_LOG"
 if [ "$1" = "--build" ]; then
   [ -n "$FAKE_FAIL" ] && { echo "FAILED: ggml.c.o"; exit 1; }
   mkdir -p "$2/bin"
@@ -133,6 +134,9 @@ if [ "$1" = "--build" ]; then
   done
   printf 'lib' > "$2/bin/libllama.so"
 else
+  [ -n "$FAKE_NCCL" ] && echo "-- Found NCCL: /usr/lib/x86_64-linux-gnu/libnccl.so"
+  [ -z "$FAKE_NCCL" ] && echo "-- Warning: NCCL not found, performance for multiple CUDA \
+GPUs will be suboptimal"
   mkdir -p "$4"
 fi
 """
@@ -148,16 +152,27 @@ def box(tmp_path):
     (fake / "cmake").chmod(0o755)
     archive = tmp_path / "pkg_x-1.0.tar.gz"
 
-    def build(sha256=None, arch="VOLTA", fail=False, tree=TREE):
+    def build(
+        sha256=None, arch="VOLTA", fail=False, tree=TREE, cuda=False, nccl_found=False, **data
+    ):
         digest = sdist(archive, arch, tree or "llama.cpp-b11312")
         overrides = {
             "llamacpp.url": archive.as_uri(),
             "llamacpp.sha256": sha256 or digest,
             "llamacpp.tree": tree,
             "llamacpp.prefix": str(tmp_path / "opt"),
+            **data.pop("catalog_overrides", {}),
         }
         config = load_host_config(
-            "b", {"llamacpp_cuda": False, "catalog_overrides": overrides, "model_ctx": 32768}
+            "b",
+            {
+                "llamacpp_cuda": cuda,
+                "catalog_overrides": overrides,
+                "model_ctx": 32768,
+                # never the default under model_dir (/srv/models) on the machine running tests
+                "llamacpp_ccache_dir": str(tmp_path / "models/.ccache"),
+                **data,
+            },
         )
         b = llamacpp_build.llama_build(config)
         (command,) = llamacpp_build.build_commands(b)
@@ -166,6 +181,7 @@ def box(tmp_path):
             "PATH": f"{fake}:{os.environ['PATH']}",
             "FAKE_LOG": str(tmp_path / "cmake.log"),
             "FAKE_FAIL": "1" if fail else "",
+            "FAKE_NCCL": "1" if nccl_found else "",
         }
         done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
         return b, done
@@ -232,3 +248,132 @@ def test_the_version_check_wants_the_catalogs_build_and_commit():
     assert b.is_version("version: 11312 (0c1e570)\nbuilt with cc")  # older trees' format
     assert not b.is_version("version: 0.5.0-dev (build 1, commit unknown)")  # no build info
     assert not b.is_version("version: 0.5.0-dev (build 11312, commit 0c1e571)")
+
+
+def test_the_build_goes_through_ccache_in_its_directory_by_default(box, tmp_path):
+    b, done = box()
+    assert done.returncode == 0, done.stderr
+    assert b.ccache and (tmp_path / "models/.ccache").is_dir()  # made before CMake runs
+    log = (tmp_path / "cmake.log").read_text()
+    # configure and build both run with the cache's directory, through the launcher
+    assert log.count(f"CCACHE_DIR={tmp_path / 'models/.ccache'}") == 2
+    assert "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache" in log
+    # the launcher is how the build runs, not what it builds: not in the marker
+    assert "LAUNCHER" not in (Path(b.directory) / BUILD_INFO).read_text()
+
+
+def test_without_ccache_the_build_runs_the_compilers_directly(box, tmp_path):
+    b, done = box(llamacpp_ccache=False)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "cmake.log").read_text()
+    assert "CCACHE_DIR=unset" in log and "LAUNCHER" not in log
+    assert not (tmp_path / "models/.ccache").exists()
+
+
+def test_a_ccache_dir_that_cannot_be_made_stops_the_build_naming_the_key(box, tmp_path):
+    (tmp_path / "file").write_text("")
+    b, done = box(llamacpp_ccache_dir=str(tmp_path / "file/ccache"))
+    assert done.returncode == 1
+    assert "cannot create llamacpp_ccache_dir" in done.stderr
+    assert not (Path(b.directory) / BUILD_INFO).exists()
+
+
+def test_a_multi_gpu_cuda_build_that_finds_nccl_completes(box, tmp_path):
+    b, done = box(cuda=True, gpu_count=2, nccl_found=True)
+    assert done.returncode == 0, done.stderr
+    assert "-DGGML_CUDA_NCCL=ON" in (tmp_path / "cmake.log").read_text()
+    assert (Path(b.directory) / BUILD_INFO).read_text().strip() == b.info
+
+
+def test_a_multi_gpu_cuda_build_without_nccl_stops_before_compiling(box, tmp_path):
+    b, done = box(cuda=True, gpu_count=2, nccl_found=False)
+    assert done.returncode == 1
+    assert "CMake did not find NCCL (libnccl2 and libnccl-dev)" in done.stderr
+    assert "Warning: NCCL not found" in done.stderr  # the end of the log, shown with it
+    assert "--build" not in (tmp_path / "cmake.log").read_text()
+    assert not (Path(b.directory) / BUILD_INFO).exists()
+
+
+def test_one_gpu_and_the_cpu_build_do_not_ask_for_nccl(box, tmp_path):
+    # one V100 (a model small enough for it)
+    small = {"models.qwen3-next-80b-a3b-thinking.weights_gib": 8}
+    b, done = box(cuda=True, gpu_count=1, nccl_found=False, catalog_overrides=small)
+    assert done.returncode == 0, done.stderr
+    assert "-DGGML_CUDA_NCCL=OFF" in (tmp_path / "cmake.log").read_text()
+    (tmp_path / "cmake.log").unlink()
+    b, done = box(cuda=False, gpu_count=2, nccl_found=False)
+    assert done.returncode == 0, done.stderr
+    assert "NCCL" not in (tmp_path / "cmake.log").read_text()
+
+
+TINY_CMAKE = """cmake_minimum_required(VERSION 3.16)
+project(tiny C CXX)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_executable(llama-server tools/server/server.cpp)
+add_executable(llama-bench tools/bench/bench.c)
+"""
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("cmake", "ninja", "ccache", "cc", "c++")),
+    reason="needs cmake, ninja, ccache and a C/C++ compiler",
+)
+def test_a_second_build_of_the_same_inputs_compiles_nothing(tmp_path):
+    """The real build script, real CMake, Ninja, compilers and ccache, on a tiny tree laid out
+    as the sdist: the second build re-extracts the source (new files, new times) into a fresh
+    build directory, and every compile is a cache hit."""
+    tree = "pkg_x-1.0/vendor/llama.cpp"
+    files = {
+        f"{tree}/CMakeLists.txt": TINY_CMAKE,
+        f"{tree}/tools/server/server.cpp": '#include <cstdio>\nint main(){std::puts("s");}\n',
+        f"{tree}/tools/bench/bench.c": '#include <stdio.h>\nint main(void){puts("b");}\n',
+        f"{tree}/ggml/src/ggml-cuda/ggml-cuda.cu": "// before\n" + GATE % "VOLTA",
+        f"{tree}/ggml/src/ggml-cuda/gated_delta_net.cu": "// GDN\n",
+    }
+    archive = tmp_path / "pkg_x-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    cache = tmp_path / "models/.ccache"
+    config = load_host_config(
+        "b",
+        {
+            "llamacpp_cuda": False,
+            "llamacpp_ccache_dir": str(cache),
+            "catalog_overrides": {
+                "llamacpp.url": archive.as_uri(),
+                "llamacpp.sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
+                "llamacpp.tree": tree,
+                "llamacpp.prefix": str(tmp_path / "opt"),
+            },
+        },
+    )
+    b = llamacpp_build.llama_build(config)
+    (command,) = llamacpp_build.build_commands(b)
+    env = {**os.environ, "CCACHE_DIR": str(cache)}
+
+    def stats() -> dict[str, int]:
+        out = subprocess.run(
+            ["ccache", "--print-stats"], capture_output=True, text=True, env=env, check=True
+        ).stdout
+        return {
+            k: int(v) for k, v in (line.split("\t") for line in out.splitlines()) if v.isdigit()
+        }
+
+    def run() -> None:
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    run()
+    first = stats()
+    assert first["cache_miss"] == 2  # the first build compiles both files, into the cache
+    subprocess.run(["ccache", "--zero-stats"], env=env, check=True, capture_output=True)
+    run()
+    second = stats()
+    hits = second.get("direct_cache_hit", 0) + second.get("preprocessed_cache_hit", 0)
+    assert (hits, second["cache_miss"]) == (2, 0), second
+    out = subprocess.run([b.binary], capture_output=True, text=True).stdout
+    assert out.strip() == "s" and (Path(b.directory) / BUILD_INFO).read_text().strip() == b.info

@@ -95,12 +95,16 @@ def test_missing_pins_name_the_versions_offered_and_the_key_to_override() -> Non
     config = config_of()
     target = Target("debian", "12", "debian12", "debian")
     sets = offers.pinned_sets(config, target, {"binary": None, "active": False})
-    assert {s.stage for s in sets} == {"cuda", "dcgm", "container_toolkit", "docker"}
+    # nccl: the reference box (two GPUs, llama.cpp with CUDA) builds llama.cpp with NCCL
+    assert {s.stage for s in sets} == {"cuda", "dcgm", "container_toolkit", "docker", "nccl"}
     cuda = config.cuda
     indexes = {
         "nvidia_cuda": offers.RepoIndex(
             offers={
                 cuda["package"]: ["12.8.0-1", "12.8.2-1"],
+                # a pattern pin (*+cuda12.8) is met by any build that matches it
+                "libnccl2": ["2.26.2-1+cuda12.8", "2.32.3-1+cuda12.9"],
+                "libnccl-dev": ["2.26.2-1+cuda12.8", "2.32.3-1+cuda12.9"],
                 **{
                     n: [config.catalog["dcgm"]["version"]]
                     for n in config.catalog["dcgm"]["packages"]
@@ -147,3 +151,19 @@ def test_a_kept_docker_or_the_distros_docker_is_not_asked_about() -> None:
 def test_parse_query(lines, offered, warnings, error) -> None:
     index = offers.parse_query(lines)
     assert (index.offers, index.warnings, index.error) == (offered, warnings, error)
+
+
+def test_an_nccl_pattern_no_build_of_the_repository_matches_is_missing() -> None:
+    from gpubox.config import Target
+
+    config = config_of()
+    target = Target("debian", "12", "debian12", "debian")
+    sets = [s for s in offers.pinned_sets(config, target, {}) if s.stage == "nccl"]
+    later = ["2.27.3-1+cuda12.9", "2.32.3-1+cuda12.9"]
+    indexes = {"nvidia_cuda": offers.RepoIndex(offers={"libnccl2": later, "libnccl-dev": later})}
+    problems = offers.missing(config, sets, indexes)
+    assert [p.key for p in problems] == ["nccl", "nccl"]
+    assert "does not offer libnccl2=*+cuda12.8 (offered: 2.27.3-1+cuda12.9, 2.32.3-1+cuda12.9)" in (
+        str(problems[0])
+    )
+    assert "catalog_overrides 'cuda.versions.12.8.nccl_version'" in str(problems[0])

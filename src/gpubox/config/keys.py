@@ -48,6 +48,13 @@ def _derive_kernel_modules(values: dict[str, Any], host_catalog: dict[str, Any])
     return compat.default_kernel_modules(gpu) if gpu else "proprietary"
 
 
+def _derive_ccache_dir(values: dict[str, Any], host_catalog: dict[str, Any]) -> str:
+    """Inside model_dir: the one place certain to be on the models' filesystem, whether the
+    volume is mounted at model_dir itself or above it (a directory beside model_dir is on
+    the system disk when the volume is mounted at model_dir)."""
+    return f"{str(values.get('model_dir') or '/srv/models').rstrip('/')}/.ccache"
+
+
 def _listen_keys(address: str, port: str, who: str, default_port: int) -> tuple[Key, Key]:
     """The address (loopback by default) and the port a service on the box listens on."""
     return (
@@ -265,7 +272,20 @@ KEYS: tuple[Key, ...] = (
         "root-only file with the API key (generated at first deploy)",
     ),
     Key("llamacpp_cuda", bool, True, "build llama.cpp with CUDA (false: CPU only)"),
-    Key("llamacpp_ccache", bool, False, "build llama.cpp through ccache (fast rebuilds)"),
+    Key(
+        "llamacpp_ccache",
+        bool,
+        True,
+        "build llama.cpp through ccache: a rebuild with the same inputs takes seconds",
+    ),
+    Key(
+        "llamacpp_ccache_dir",
+        str,
+        None,
+        "ccache's directory (default: <model_dir>/.ccache, on the models' volume, so that it "
+        "outlives a reinstalled system disk)",
+        derive=_derive_ccache_dir,
+    ),
     Key("llamacpp_extra_args", list, [], "more llama-server arguments, checked against --help"),
     Key(
         "llamacpp_split_mode",

@@ -2,7 +2,11 @@
 carry a driver of their own), on PATH for login shells, in the linker path, and
 /usr/local/cuda pointing at it. A file of the toolkit's compiler and runtime packages that has
 gone missing (apt still counts the package installed) is put back by reinstalling its package
-at the installed version."""
+at the installed version.
+
+With llama.cpp built for CUDA on more than one GPU, NCCL too (libnccl2, libnccl-dev: the build
+for the box's CUDA, one exact version installed and held; gpubox.nccl says how the catalog's
+pattern becomes that version)."""
 
 from __future__ import annotations
 
@@ -16,10 +20,11 @@ from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server
 
-from gpubox import layout, operations, preflight, progress
+from gpubox import apt_versions, layout, nccl, offers, operations, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.stages import ManagedFiles, Target, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
+from gpubox.stages.packages import install_pinned
 
 # The paths under the names the plan tests use.
 PROFILE_FILE = layout.CUDA_PROFILE
@@ -131,6 +136,46 @@ def cuda() -> None:
         _if=lambda: ld.did_change() or repaired.did_change(),
     )
     operations.cuda_symlink(name=f"{layout.USR_LOCAL_CUDA} -> {p.prefix}", prefix=p.prefix)
+    if nccl.wanted(config):
+        install_nccl(config)
+
+
+def nccl_version(config: HostConfig, installed: dict[str, list[str]]) -> str:
+    """The exact NCCL version to install and hold: the one installed when it matches the
+    catalog's pin (no repository answer needed), else what the repository offers
+    (preflight's answer, which has already refused a run whose repository offers no match)."""
+    pin = nccl.pin(config)
+    here = apt_versions.resolve(pin, {}, installed, nccl.PACKAGES)
+    if here:
+        return here
+    offered = offers.answer("nvidia_cuda").offers
+    version = apt_versions.resolve(pin, offered, installed, nccl.PACKAGES)
+    if version is None:
+        from gpubox.stages import DeployRefused
+
+        have = ", ".join(list(offered.get(nccl.PACKAGES[0], []))[-6:]) or "none"
+        raise DeployRefused(
+            f"{config.host}: repos.nvidia_cuda offers no version matching {pin} for both "
+            f"{' and '.join(nccl.PACKAGES)} ({nccl.PACKAGES[0]}: {have}); "
+            f"pin one with {nccl.catalog_key(config)}"
+        )
+    return version
+
+
+def install_nccl(config: HostConfig) -> None:
+    installed = {
+        name: sorted(_versions(v))
+        for name, v in host.get_fact(DebPackages).items()
+        if name in nccl.PACKAGES
+    }
+    version = nccl_version(config, installed)
+    install_pinned(
+        f"Install NCCL {version} (llama.cpp's multi-GPU build)",
+        list(nccl.PACKAGES),
+        version,
+        hold="Hold the NCCL packages",
+        no_recommends=True,
+    )
 
 
 def _versions(installed: object) -> set[str]:

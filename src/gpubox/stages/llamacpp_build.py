@@ -15,7 +15,19 @@ install directory changes and written last, after the complete build's bin/ has 
 old one in a rename and the size of each of its files is recorded (BUILD-FILES). A build cut
 short (a killed deploy) leaves no marker and is built again; a deleted or changed binary or
 library is rebuilt even when the marker matches; the service only ever runs a bin/ that was
-complete when it was put in place."""
+complete when it was put in place.
+
+The compiler cache (``llamacpp_ccache``, on by default): every compile goes through ccache,
+whose directory (``llamacpp_ccache_dir``, by default ``<model_dir>/.ccache``) lives on the
+models' volume, so a box rebuilt on a fresh system disk, or a second build with the same inputs,
+compiles nothing again. The launcher does not change what is built, so it is not part of
+BUILD-INFO: turning the cache on or off never forces a rebuild by itself.
+
+NCCL: with CUDA on and more than one GPU, the build asks for NCCL (``-DGGML_CUDA_NCCL=ON``;
+llama.cpp's all-reduces of ``-sm tensor`` go through it) and refuses to finish when CMake did
+not find it (llama.cpp would only warn, and serve slower); the CUDA stage installs it
+(gpubox.nccl). One GPU, or a CPU build: ``OFF``, so what is linked never depends on what
+else happens to be installed. The flag is in BUILD-INFO: adding NCCL rebuilds."""
 
 from __future__ import annotations
 
@@ -27,7 +39,7 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.operations import apt, server
 
-from gpubox import layout, progress
+from gpubox import nccl, progress
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
 
@@ -46,6 +58,9 @@ CUDA_GRAPH_FUNCTION = "ggml_cuda_graph_set_enabled"
 CUDA_GRAPH_GATE = "cc < GGML_CUDA_CC_VOLTA"
 # The fused GATED_DELTA_NET kernel of Qwen3-Next's linear attention layers.
 GDN_SOURCE = "ggml/src/ggml-cuda/gated_delta_net.cu"
+# What CMake prints when llama.cpp's FindNCCL.cmake (find_package_handle_standard_args) found
+# NCCL; without it, ggml-cuda's CMakeLists only prints "Warning: NCCL not found".
+NCCL_FOUND = "Found NCCL"
 
 
 class _InBuild:
@@ -71,6 +86,8 @@ class LlamaBuild:
     nvcc: str
     ccache: bool
     prefix: str
+    ccache_dir: str = ""
+    nccl: bool = False  # with cuda: build against NCCL (more than one GPU)
 
     binary = _InBuild("bin/llama-server")
     bench = _InBuild("bin/llama-bench")
@@ -117,26 +134,34 @@ class LlamaBuild:
                 "-DGGML_CUDA=ON",
                 f"-DCMAKE_CUDA_ARCHITECTURES={self.architectures}",
                 f"-DCMAKE_CUDA_COMPILER={self.nvcc}",
+                f"-DGGML_CUDA_NCCL={'ON' if self.nccl else 'OFF'}",
             ]
         else:
             flags.append("-DGGML_CUDA=OFF")
-        if self.ccache:
-            flags += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
-            if self.cuda:
-                flags.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+        return flags + self.launcher_flags()
+
+    def launcher_flags(self) -> list[str]:
+        """ccache as the compilers' launcher: how the build runs, not what it builds."""
+        if not self.ccache:
+            return []
+        flags = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        if self.cuda:
+            flags.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
         return flags
 
     @property
     def info(self) -> str:
         """What the install records; a different one means rebuild. The URL is left out: the
-        same bytes from a mirror are the same build."""
+        same bytes from a mirror are the same build; so are the compiler launcher (ccache) and
+        its directory, which change how the build runs, not what it builds."""
+        launcher = self.launcher_flags()
         return json.dumps(
             {
                 "tag": self.tag,
                 "sha256": self.sha256,
                 "tree": self.tree,
                 "targets": list(TARGETS),
-                "flags": self.cmake_flags(),
+                "flags": [f for f in self.cmake_flags() if f not in launcher],
             },
             sort_keys=True,
         )
@@ -157,6 +182,8 @@ def llama_build(config: HostConfig) -> LlamaBuild:
         nvcc=f"{config.cuda['prefix']}/bin/nvcc",
         ccache=config.llamacpp_ccache,
         prefix=llama["prefix"],
+        ccache_dir=config.llamacpp_ccache_dir,
+        nccl=nccl.wanted(config),
     )
 
 
@@ -203,10 +230,27 @@ def build_commands(b: LlamaBuild) -> list[str]:
     q = shlex.quote
     d = q(b.directory)
     log = q(b.log)
-    env = f"CCACHE_DIR={layout.LLAMA_CCACHE_DIR} CCACHE_BASEDIR={d} " if b.ccache else ""
+    cache = q(b.ccache_dir)
+    # the cache's paths relative to the build directory (CCACHE_BASEDIR): hits across rebuilds
+    env = f"CCACHE_DIR={cache} CCACHE_BASEDIR={d} " if b.ccache else ""
     failed = (
         f"|| {{ rc=$?; echo 'gpubox: the build failed; the end of {b.log}:' >&2; "
         f"tail -n 40 {log} >&2; exit $rc; }}; "
+    )
+    make_cache = (
+        f"mkdir -p {cache} || {{ echo 'gpubox: cannot create llamacpp_ccache_dir' {cache} >&2; "
+        "exit 1; }; "
+        if b.ccache
+        else ""
+    )
+    # llama.cpp only warns when it does not find NCCL; a build that asked for it stops here
+    nccl_found = (
+        f"if ! grep -q '{NCCL_FOUND}' {log}; then echo 'gpubox: CMake did not find NCCL "
+        f"({' and '.join(nccl.PACKAGES)}), which this multi-GPU CUDA build needs for -sm "
+        "tensor; the CUDA stage installs it (deploy/cuda.py or deploy/full.py)' >&2; "
+        f"tail -n 40 {log} >&2; exit 1; fi; "
+        if b.cuda and b.nccl
+        else ""
     )
     return [
         "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
@@ -225,8 +269,10 @@ def build_commands(b: LlamaBuild) -> list[str]:
         # what the source check found stays at the top of the build's log
         f"( {source_check_command(b.directory + '/src')} ) > {log} 2>&1 " + failed + f"cat {log}; "
         f"echo 'gpubox: building {' and '.join(TARGETS)} {b.tag} (minutes; log: {b.log})'; "
-        f"{env}cmake -S {d}/src -B {d}/build {' '.join(b.cmake_flags())} >> {log} 2>&1 "
+        + make_cache
+        + f"{env}cmake -S {d}/src -B {d}/build {' '.join(b.cmake_flags())} >> {log} 2>&1 "
         + failed
+        + nccl_found
         + f"{env}cmake --build {d}/build -j$(nproc) --target {' '.join(TARGETS)} >> {log} 2>&1 "
         + failed
         + "".join(f"test -x {d}/build/bin/{t}; " for t in TARGETS)

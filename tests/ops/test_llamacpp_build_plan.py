@@ -1,0 +1,234 @@
+"""llama.cpp's build cache and NCCL, as the stages plan them: ccache on by default with its
+directory on the models' volume (a rebuild with the same inputs compiles nothing again), the
+launcher kept out of BUILD-INFO; NCCL installed by the CUDA stage and built in when CUDA is on
+and the box has more than one GPU (the flag in BUILD-INFO, so adding it rebuilds), never for
+the CPU build the sandbox runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REFERENCE, V100_LSPCI, fresh_box
+
+from gpubox import nccl, offers
+from gpubox.config import load_host_config
+from gpubox.errors import DeployRefused
+from gpubox.stages import backend as backend_stage
+from gpubox.stages import cuda as cuda_stage
+from gpubox.stages import llamacpp_build
+
+# The reference box with a model of the user's own by URL: the model stage plans no hf tool.
+DATA = {
+    **REFERENCE,
+    "model_source": "url",
+    "model_url": "https://models.example.org/m.gguf",
+    "model_file": "m.gguf",
+    "model_sha256": "ab" * 32,
+}
+D = "/opt/llama.cpp/b11312"
+# The sandbox's llama.cpp: two (stand-in) GPUs, built for the CPU.
+SANDBOX_LIKE = {**DATA, "llamacpp_cuda": False}
+# One V100: a model small enough for it (the catalog's needs two).
+ONE_GPU = {
+    **DATA,
+    "gpu_count": 1,
+    "nvlink": False,
+    "catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.weights_gib": 8},
+}
+
+
+def build_of(data: dict[str, object]) -> llamacpp_build.LlamaBuild:
+    return llamacpp_build.llama_build(load_host_config("b", data))
+
+
+def converged(data: dict[str, object], info: str | None = None) -> dict[object, object]:
+    """A box whose model is verified and whose llama.cpp build recorded ``info``."""
+    from gpubox.stages import model as model_stage
+
+    config = load_host_config("b", data)
+    p = model_stage.plan(config)
+    return fresh_box(
+        "ubuntu2404",
+        **{
+            "gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"],
+            llamacpp_build.BUILD_INFO: build_of(data).info if info is None else info,
+            "systemctl is-active gpubox-llama-server": "active",
+            f"test -s {config.api_key_file}": "yes",
+        },
+    )
+
+
+def built(plan) -> bool:
+    return any("Build llama-server" in name for name in plan.names)
+
+
+# --------------------------------------------------------------------------- ccache
+
+
+def test_a_fresh_box_builds_through_ccache_in_a_directory_under_model_dir(plan_of):
+    plan = plan_of(backend_stage.backend, DATA, fresh_box("ubuntu2404"))
+    assert "ccache" in plan.installs()
+    (build,) = plan.op("Build llama-server b11312")
+    assert "mkdir -p /srv/models/.ccache ||" in build
+    env = f"CCACHE_DIR=/srv/models/.ccache CCACHE_BASEDIR={D} "
+    assert f"{env}cmake -S {D}/src -B {D}/build" in build
+    assert f"{env}cmake --build {D}/build" in build
+    for language in ("C", "CXX", "CUDA"):
+        assert f"-DCMAKE_{language}_COMPILER_LAUNCHER=ccache" in build
+
+
+def test_the_cache_follows_model_dir_or_its_own_key(plan_of):
+    moved = build_of({**DATA, "model_dir": "/data/models/"})
+    assert moved.ccache_dir == "/data/models/.ccache"
+    own = {**DATA, "llamacpp_ccache_dir": "/var/cache/my ccache"}
+    (command,) = llamacpp_build.build_commands(build_of(own))
+    assert "CCACHE_DIR='/var/cache/my ccache' CCACHE_BASEDIR=" in command
+    assert "mkdir -p '/var/cache/my ccache' ||" in command
+
+
+def test_without_ccache_nothing_of_it_is_planned(plan_of):
+    data = {**DATA, "llamacpp_ccache": False}
+    plan = plan_of(backend_stage.backend, data, fresh_box("ubuntu2404"))
+    assert "ccache" not in plan.installs()
+    (build,) = plan.op("Build llama-server b11312")
+    assert "CCACHE_DIR" not in build and "LAUNCHER" not in build and ".ccache" not in build
+
+
+def test_turning_the_cache_on_or_off_rebuilds_nothing(plan_of):
+    # a box built without the cache: the marker the build wrote then
+    without = build_of({**DATA, "llamacpp_ccache": False}).info
+    assert without == build_of(DATA).info
+    assert "LAUNCHER" not in without
+    plan = plan_of(backend_stage.backend, DATA, converged(DATA, info=without))
+    assert not built(plan)
+    # ...while any flag that changes the binaries does rebuild
+    other = json.loads(without)
+    other["flags"] = [f for f in other["flags"] if f != "-DGGML_NATIVE=OFF"]
+    plan = plan_of(backend_stage.backend, DATA, converged(DATA, info=json.dumps(other)))
+    assert built(plan)
+
+
+# --------------------------------------------------------------------------- NCCL
+
+
+def test_two_gpus_with_cuda_build_with_nccl_and_check_that_cmake_found_it():
+    b = build_of(DATA)
+    assert b.nccl and "-DGGML_CUDA_NCCL=ON" in b.cmake_flags()
+    assert "-DGGML_CUDA_NCCL=ON" in json.loads(b.info)["flags"]
+    (command,) = llamacpp_build.build_commands(b)
+    configure = command.index(f"cmake -S {D}/src")
+    check = command.index(f"if ! grep -q 'Found NCCL' {D}/build.log")
+    compile_ = command.index(f"cmake --build {D}/build")
+    assert configure < check < compile_
+
+
+def test_adding_nccl_rebuilds(plan_of):
+    # the marker of a build from before NCCL: the same flags without -DGGML_CUDA_NCCL
+    before = json.loads(build_of(DATA).info)
+    before["flags"] = [f for f in before["flags"] if not f.startswith("-DGGML_CUDA_NCCL")]
+    plan = plan_of(backend_stage.backend, DATA, converged(DATA, info=json.dumps(before)))
+    (build,) = plan.op("Build llama-server b11312")
+    assert "-DGGML_CUDA_NCCL=ON" in build
+    # the marker it writes carries the flag, so the next run builds nothing
+    assert not built(plan_of(backend_stage.backend, DATA, converged(DATA)))
+
+
+def test_one_gpu_builds_without_nccl_and_the_cpu_build_never_names_it():
+    one = build_of(ONE_GPU)
+    assert not one.nccl and "-DGGML_CUDA_NCCL=OFF" in one.cmake_flags()
+    (command,) = llamacpp_build.build_commands(one)
+    assert "Found NCCL" not in command
+    cpu = build_of(SANDBOX_LIKE)
+    assert not cpu.nccl
+    (command,) = llamacpp_build.build_commands(cpu)
+    assert "NCCL" not in command and "-DGGML_CUDA=OFF" in cpu.cmake_flags()
+
+
+def test_the_cuda_stage_installs_and_holds_nccl_for_the_box_cuda(plan_of):
+    plan = plan_of(cuda_stage.cuda, DATA, fresh_box("ubuntu2404"))
+    # the newest +cuda12.8 build the repository offers, not its newer +cuda12.9 one
+    nccl_installs = [p for p in plan.installs() if p.startswith("libnccl")]
+    assert nccl_installs == ["libnccl2=2.26.2-1+cuda12.8", "libnccl-dev=2.26.2-1+cuda12.8"]
+    assert plan.op("Hold the NCCL packages") == ["apt-mark hold libnccl2 libnccl-dev"]
+    # after the toolkit: the NVIDIA repository is set up by then
+    names = plan.names
+    toolkit = next(i for i, n in enumerate(names) if "Install cuda-toolkit-12-8" in n)
+    assert toolkit < next(i for i, n in enumerate(names) if "Install NCCL" in n)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(SANDBOX_LIKE, id="cpu-build"),
+        pytest.param(ONE_GPU, id="one-gpu"),
+        pytest.param({**REFERENCE, "backend": "vllm"}, id="vllm"),
+        pytest.param({**REFERENCE, "backend": "none"}, id="no-backend"),
+    ],
+)
+def test_no_nccl_where_llama_cpp_does_not_reduce_across_gpus(plan_of, data):
+    config = load_host_config("b", data)
+    assert not nccl.wanted(config)
+    one_v100 = {"lspci -Dnn -d 10de:": V100_LSPCI[:-1]} if data is ONE_GPU else {}
+    plan = plan_of(cuda_stage.cuda, data, fresh_box("debian12", **one_v100))
+    assert [p for p in plan.installs() if p.startswith("cuda-toolkit")]  # the stage ran
+    assert not [p for p in plan.installs() if p.startswith("libnccl")]
+    assert not [n for n in plan.names if "NCCL" in n]
+
+
+def test_nccl_installed_at_a_matching_build_stays_as_it_is(plan_of):
+    answers = fresh_box(
+        "ubuntu2404",
+        **{
+            "dpkg -l": [
+                "ii  cuda-toolkit-12-8  12.8.1-1  amd64  toolkit",
+                "hi  libnccl2  2.25.1-1+cuda12.8  amd64  NCCL",
+                "hi  libnccl-dev  2.25.1-1+cuda12.8  amd64  NCCL",
+            ],
+            "apt-mark showhold": ["libnccl2", "libnccl-dev"],
+        },
+    )
+    plan = plan_of(cuda_stage.cuda, DATA, answers)
+    assert not [p for p in plan.installs() if p.startswith("libnccl")]
+    # ...and one of another CUDA's build is replaced by the box's CUDA's
+    answers["dpkg -l"] = [
+        line.replace("2.25.1-1+cuda12.8", "2.32.3-1+cuda12.9") for line in answers["dpkg -l"]
+    ]
+    plan = plan_of(cuda_stage.cuda, DATA, answers)
+    nccl_installs = [p for p in plan.installs() if p.startswith("libnccl")]
+    assert nccl_installs == ["libnccl2=2.26.2-1+cuda12.8", "libnccl-dev=2.26.2-1+cuda12.8"]
+
+
+def test_an_exact_nccl_version_by_override_pins_exactly(plan_of):
+    data = {**DATA, "catalog_overrides": {"cuda.versions.12.8.nccl_version": "2.25.1-1+cuda12.8"}}
+    plan = plan_of(cuda_stage.cuda, data, fresh_box("ubuntu2404"))
+    nccl_installs = [p for p in plan.installs() if p.startswith("libnccl")]
+    assert nccl_installs == ["libnccl2=2.25.1-1+cuda12.8", "libnccl-dev=2.25.1-1+cuda12.8"]
+
+
+def test_preflight_refuses_a_repository_without_an_nccl_for_the_box_cuda(plan_of):
+    answers = fresh_box("ubuntu2404")
+    answers["gpubox-apt-query nvidia_cuda"] = [
+        line for line in answers["gpubox-apt-query nvidia_cuda"] if "+cuda12.8" not in line
+    ]
+    with pytest.raises(DeployRefused) as err:
+        plan_of(cuda_stage.cuda, DATA, answers)
+    text = str(err.value)
+    assert "nothing was changed" in text
+    assert (
+        "@fake/box: nccl: repos.nvidia_cuda does not offer libnccl2=*+cuda12.8 "
+        "(offered: 2.32.3-1+cuda12.9); pin one it offers with catalog_overrides "
+        "'cuda.versions.12.8.nccl_version'" in text
+    )
+
+
+def test_the_repository_query_asks_for_nccl_only_where_it_is_wanted():
+    from gpubox.config import Target
+
+    target = Target(os_id="ubuntu", version_id="24.04", distro="ubuntu2404", family="ubuntu")
+    sets = offers.pinned_sets(load_host_config("b", DATA), target, {})
+    (pinned,) = [s for s in sets if s.stage == "nccl"]
+    assert pinned.repo == "nvidia_cuda"
+    assert dict(pinned.packages) == {"libnccl2": "*+cuda12.8", "libnccl-dev": "*+cuda12.8"}
+    sandbox = offers.pinned_sets(load_host_config("b", SANDBOX_LIKE), target, {})
+    assert not [s for s in sandbox if s.stage == "nccl"]
