@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 HOST_PACKAGES := debootstrap systemd-container dpkg-dev apt-utils gnupg openssh-client \
-	iproute2 socat curl gcc
+	iproute2 socat curl gcc g++ ccache cmake ninja-build
 SRC := src tests deploy inventories benchmarks
 
 .PHONY: all venv host-packages lint unit ops resolver integration test demo demo-down bench clean
