@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -290,12 +291,19 @@ class MissingPackageFiles(FactBase[list[tuple[str, str, str]]]):
             'excluded() { [ -n "$rules" ] && printf \'%s\\n\' "$rules" | { s=1; '
             'while read -r k g; do case "$1" in $g) if [ "$k" = exclude ]; then s=0; '
             "else s=1; fi;; esac; done; exit $s; }; }; "
-            f"for pkg in {' '.join(q(p) for p in packages)}; do "
+            # the converged case first, in one pass: every file of every installed package
+            # there (no shell loop over thousands of files); else the loop names the missing
+            f"pkgs={q(' '.join(packages))}; "
+            "inst=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' $pkgs 2>/dev/null "
+            "| awk '$1 ~ /^[ih]i$/ {print $2}'); "
+            "if [ -n \"$inst\" ] && ! dpkg-query -L $inst 2>/dev/null | grep '^/' "
+            "| tr '\\n' '\\0' | xargs -0 -r ls -d -- >/dev/null 2>&1; then "
+            "for pkg in $pkgs; do "
             'v=$(ver "$pkg"); [ -n "$v" ] || continue; '
             'dpkg-query -L "$pkg" 2>/dev/null | while IFS= read -r f; do case "$f" in /*) '
             '[ -e "$f" ] || [ -L "$f" ] || excluded "$f" || '
             'printf \'%s\\t%s\\t%s\\n\' "$pkg" "$v" "$f";; '
-            "esac; done; done; "
+            "esac; done; done; fi; "
             f"for f in {' '.join(q(p) for p in paths)}; do "
             '[ -e "$f" ] || [ -L "$f" ] && continue; '
             'pkg=$(own "$f"); [ -n "$pkg" ] || pkg=$(own "$(readlink -f "$f")"); '
@@ -360,3 +368,22 @@ class DesktopState(FactBase[Desktop]):
 
     def process(self, output: list[str]) -> Desktop:
         return parse_desktop(output)
+
+
+# Per run and host: facts the stages read more than once while they plan (see read_once).
+_planned: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def read_once(cls: type[FactBase[Any]], **kwargs: Any) -> Any:
+    """The current host's fact, its command run once per run while the stages plan (pyinfra 3
+    runs it again on every get_fact). Only for stage code, which runs before any operation:
+    every read then sees the box as it was before the run."""
+    from pyinfra import host
+
+    key = (host.name, cls.__name__, repr(sorted(kwargs.items())))
+    seen = _planned.setdefault(host.state, {})
+    if key not in seen:
+        seen[key] = host.get_fact(cls, **kwargs)
+    return seen[key]

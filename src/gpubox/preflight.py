@@ -148,14 +148,14 @@ def desktop_report(config: HostConfig) -> Any:
     from pyinfra import host, logger
 
     from gpubox import desktop
-    from gpubox.facts import DesktopState, KernelModuleLoaded, LoadedDriver
+    from gpubox.facts import DesktopState, KernelModuleLoaded, LoadedDriver, read_once
 
     seen = host.get_fact(DesktopState)
     lines = desktop.report(
         config,
         seen,
-        host.get_fact(LoadedDriver),
-        host.get_fact(KernelModuleLoaded, module="nouveau"),
+        read_once(LoadedDriver),
+        read_once(KernelModuleLoaded, module="nouveau"),
     )
     for line in lines:
         logger.warning(f"{config.host}: display: {line}")
@@ -163,14 +163,15 @@ def desktop_report(config: HostConfig) -> Any:
 
 
 def repository_problems(config: HostConfig, target: Target) -> None:
-    """Ask the repositories what they offer (gpubox.offers); refuse, nothing changed, when a
-    pinned version or a driver package is not there."""
-    from pyinfra import host, logger
+    """Ask the repositories what they offer (gpubox.offers; each only when needed, else its
+    kept answer); refuse, nothing changed, when a pinned version or a driver package is not
+    there. The stages keep the answers on the box (answers.keep_answers)."""
+    from pyinfra import logger
 
-    from gpubox import driver_plan, offers
-    from gpubox.facts import DockerEngine
+    from gpubox import answers, driver_plan, offers
+    from gpubox.facts import DockerEngine, read_once
 
-    sets, indexes = offers.ask(config, target, host.get_fact(DockerEngine))
+    sets, indexes = answers.ask(config, target, read_once(DockerEngine))
     for repo, index in indexes.items():
         for warning in index.warnings:
             logger.warning(f"preflight warning: {config.host}: repos.{repo}: {warning}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import REFERENCE, fresh_box, repo_answers
+from conftest import REFERENCE, fresh_box, installed_pins, kept_offers, repo_answers
 
 from gpubox import dpkg_ready, driver_plan, offers
 from gpubox.config import load_host_config, target_for
@@ -255,9 +255,12 @@ def converged_ubuntu_box() -> dict[object, object]:
         "ii  linux-headers-6.8.0-88-generic  6.8.0-88.89  amd64  headers",
         "ii  linux-headers-generic  6.8.0-88.89  amd64  headers meta",
     ]
+    dpkg += [line for line in installed_pins("ubuntu2404") if line.split()[1] not in UBUNTU_570]
     return fresh_box(
         "ubuntu2404",
         **{
+            # the repositories' answers the first deploy kept (gpubox.answers)
+            "gpubox-kept-offers": kept_offers("ubuntu2404"),
             "sha256sum <": digests,
             "dpkg -l": dpkg,
             "apt-mark showhold": UBUNTU_570,
