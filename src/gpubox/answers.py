@@ -239,9 +239,11 @@ def ask(
     from pyinfra import host, logger
     from pyinfra.facts.deb import DebPackages
 
+    from gpubox.facts import read_once
+
     sets = pinned_sets(config, target, docker_engine)
     asked = questions(config, target, sets)
-    kept = host.get_fact(KeptOffers)
+    kept = read_once(KeptOffers)  # preflight read it with its other facts (prefetch)
     reasons = reasons_to_ask(config, target, sets, asked, kept, host.get_fact(DebPackages))
     indexes: dict[str, RepoIndex] = {}
     for question in asked:

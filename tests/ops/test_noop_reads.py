@@ -7,7 +7,17 @@ import pytest
 from conftest import REFERENCE, fake_host, fresh_box
 from pyinfra.connectors.fake import FakeConnector
 
-from gpubox.facts import DockerEngine, KernelModuleLoaded, LoadedDriver, read_once
+from gpubox.facts import (
+    PREFETCH_MARK,
+    CommandOutput,
+    DockerEngine,
+    KernelModuleLoaded,
+    LoadedDriver,
+    OsRelease,
+    UserId,
+    prefetch,
+    read_once,
+)
 
 
 @pytest.fixture
@@ -46,6 +56,42 @@ def test_the_driver_and_docker_stages_read_the_shared_facts_once(commands):
 
     with fake_host(REFERENCE, fresh_box("ubuntu2404")):
         run_stages(driver, docker)
+    alone = [c for c in commands if PREFETCH_MARK not in c]  # the fake answers no batch
     for fact in (DockerEngine(), LoadedDriver()):
         command = fact.command()
-        assert sum(command in c for c in commands) == 1, type(fact).__name__
+        assert sum(command in c for c in alone) == 1, type(fact).__name__
+
+
+def test_prefetched_facts_are_read_in_one_round_trip_as_get_fact_reads_them(monkeypatch):
+    """On this machine (pyinfra's @local connector: read-only commands)."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.connectors.local import LocalConnector
+    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+    sent: list[str] = []
+    real = LocalConnector.run_shell_command
+
+    def spy(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sent.append(str(command))
+        return real(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(LocalConnector, "run_shell_command", spy)
+    specs = [
+        (OsRelease, {}),
+        (UserId, {}),
+        (KernelModuleLoaded, {"module": "gpubox-no-such-module"}),
+        (CommandOutput, {"command": "printf 'a  b\\n\\nc'"}),
+    ]
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    (local,) = list(inventory)
+    with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(local):
+        prefetch(*specs)
+        assert len(sent) == 1 and PREFETCH_MARK in sent[0]
+        got = [read_once(cls, **kwargs) for cls, kwargs in specs]
+        assert len(sent) == 1  # every answer came from the one round trip
+        want = [local.get_fact(cls, **kwargs) for cls, kwargs in specs]
+    assert got == want
+    assert got[2] is False and got[3] == "a  b\n\nc"

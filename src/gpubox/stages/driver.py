@@ -187,7 +187,7 @@ def secure_boot_gate(config: HostConfig, target: Target) -> None:
     """With Secure Boot on, the module DKMS builds must be signed by an enrolled key
     (gpubox.secure_boot): go on, refuse, or create the key if missing and stop before the
     driver with the enrollment steps (HostStopped: the operations so far run, then the stop)."""
-    enabled = host.get_fact(SecureBoot)
+    enabled = read_once(SecureBoot)
     if not enabled:
         return
     state = host.get_fact(MokKey, family=target.family)
