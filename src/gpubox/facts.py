@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -290,12 +291,19 @@ class MissingPackageFiles(FactBase[list[tuple[str, str, str]]]):
             'excluded() { [ -n "$rules" ] && printf \'%s\\n\' "$rules" | { s=1; '
             'while read -r k g; do case "$1" in $g) if [ "$k" = exclude ]; then s=0; '
             "else s=1; fi;; esac; done; exit $s; }; }; "
-            f"for pkg in {' '.join(q(p) for p in packages)}; do "
+            # the converged case first, in one pass: every file of every installed package
+            # there (no shell loop over thousands of files); else the loop names the missing
+            f"pkgs={q(' '.join(packages))}; "
+            "inst=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' $pkgs 2>/dev/null "
+            "| awk '$1 ~ /^[ih]i$/ {print $2}'); "
+            "if [ -n \"$inst\" ] && ! dpkg-query -L $inst 2>/dev/null | grep '^/' "
+            "| tr '\\n' '\\0' | xargs -0 -r ls -d -- >/dev/null 2>&1; then "
+            "for pkg in $pkgs; do "
             'v=$(ver "$pkg"); [ -n "$v" ] || continue; '
             'dpkg-query -L "$pkg" 2>/dev/null | while IFS= read -r f; do case "$f" in /*) '
             '[ -e "$f" ] || [ -L "$f" ] || excluded "$f" || '
             'printf \'%s\\t%s\\t%s\\n\' "$pkg" "$v" "$f";; '
-            "esac; done; done; "
+            "esac; done; done; fi; "
             f"for f in {' '.join(q(p) for p in paths)}; do "
             '[ -e "$f" ] || [ -L "$f" ] && continue; '
             'pkg=$(own "$f"); [ -n "$pkg" ] || pkg=$(own "$(readlink -f "$f")"); '
@@ -360,3 +368,82 @@ class DesktopState(FactBase[Desktop]):
 
     def process(self, output: list[str]) -> Desktop:
         return parse_desktop(output)
+
+
+# Per run and host: facts the stages read more than once while they plan (see read_once).
+_planned: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def read_once(cls: type[FactBase[Any]], **kwargs: Any) -> Any:
+    """The current host's fact, its command run once per run while the stages plan (pyinfra 3
+    runs it again on every get_fact). Only for stage code, which runs before any operation:
+    every read then sees the box as it was before the run."""
+    from pyinfra import host
+
+    key = (host.name, cls.__name__, repr(sorted(kwargs.items())))
+    seen = _planned.setdefault(host.state, {})
+    if key not in seen:
+        seen[key] = host.get_fact(cls, **kwargs)
+    return seen[key]
+
+
+PREFETCH_MARK = "@@gpubox-fact"
+
+
+def prefetch(*specs: tuple[type[FactBase[Any]], dict[str, Any]]) -> None:
+    """Read these facts of the current host in one round trip, for read_once to answer (each
+    command in its own subshell, one after the other, its output carried back in base64). A
+    fact whose command fails, or that names a command it requires, is left to read_once's
+    own get_fact; so is everything when the round trip fails."""
+    import base64
+
+    from pyinfra import host
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+    from pyinfra.api.facts import _handle_fact_kwargs
+
+    seen = _planned.setdefault(host.state, {})
+    todo: list[tuple[tuple[str, str, str], FactBase[Any], str]] = []
+    executor: dict[str, Any] = {}
+    for cls, kwargs in specs:
+        key = (host.name, cls.__name__, repr(sorted(kwargs.items())))
+        fact = cls()
+        if key in seen or fact.requires_command(**kwargs):
+            continue
+        # how pyinfra would run it (sudo and the like, from the host's data)
+        _, global_kwargs = _handle_fact_kwargs(host.state, host, cls, (), {})
+        executor = {k: v for k, v in global_kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
+        todo.append((key, fact, str(fact.command(**kwargs))))
+    if not todo:
+        return
+    script = ["d=$(mktemp -d) || exit 1; trap 'rm -rf \"$d\"' EXIT"]
+    for i, (_, _, command) in enumerate(todo):
+        script.append(
+            f'{{ (\n{command}\n) >"$d/{i}" </dev/null 2>/dev/null; echo $? >"$d/{i}.r"; }}'
+        )
+    script.append(
+        f"for i in {' '.join(str(i) for i in range(len(todo)))}; do "
+        f"o=$(base64 -w0 < \"$d/$i\"); printf '{PREFETCH_MARK} %s %s %s\\n' "
+        '"$i" "$(cat "$d/$i.r")" "${o:--}"; done'
+    )
+    try:
+        ok, out = host.run_shell_command("\n".join(script), print_output=False, **executor)
+    except Exception:  # noqa: BLE001 - each fact is then read alone
+        return
+    if not ok:
+        return
+    for line in out.stdout_lines:
+        words = line.split(" ")
+        if len(words) != 4 or words[0] != PREFETCH_MARK or words[2] != "0":
+            continue
+        try:
+            key, fact, _ = todo[int(words[1])]
+            text = "" if words[3] == "-" else base64.b64decode(words[3]).decode()
+        except (ValueError, IndexError):
+            continue
+        lines = (text[:-1] if text.endswith("\n") else text).split("\n") if text else []
+        try:
+            seen[key] = fact.process(lines) if lines else fact.default()
+        except Exception:  # noqa: BLE001 - read alone, where pyinfra reports the error
+            continue

@@ -20,12 +20,12 @@ The driver is special: which packages make up NVIDIA's driver build is not known
 (Debian's packaging differs from Ubuntu's, and NVIDIA's set may change), so the answer for
 NVIDIA's CUDA repository also lists every package offered at the driver's exact version; the
 driver stage pins that set (gpubox.driver_plan).
+Asked only when needed: gpubox.answers keeps the answers on the box.
 """
 
 from __future__ import annotations
 
 import shlex
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,43 +245,3 @@ def missing(
                 )
             )
     return problems
-
-
-# Per run and host: the repositories' answers (preflight asks once; the driver stage reads).
-_answers: weakref.WeakKeyDictionary[Any, dict[str, dict[str, RepoIndex]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def ask(
-    config: HostConfig, target: Target, docker_engine: dict[str, Any]
-) -> tuple[list[PinnedSet], dict[str, RepoIndex]]:
-    """Ask the current host about every repository the pinned sets and the driver need."""
-    from pyinfra import host
-
-    from gpubox.stages.apt_repo import source_line
-
-    sets = pinned_sets(config, target, docker_engine)
-    driver = config.driver_packages(target.family)
-    wanted: dict[str, set[str]] = {"nvidia_cuda": set(driver.installed + driver.refused)}
-    for pinned in sets:
-        wanted.setdefault(pinned.repo, set()).update(pinned.packages)
-    at_version = {"nvidia_cuda": driver.package_version}
-    indexes: dict[str, RepoIndex] = {}
-    for repo, names in wanted.items():
-        indexes[repo] = host.get_fact(
-            RepoOffers,
-            repo=repo,
-            source_line=source_line(config, repo, target),
-            packages=tuple(sorted(names)),
-            at_version=at_version.get(repo, ""),
-        )
-    _answers.setdefault(host.state, {})[host.name] = indexes
-    return sets, indexes
-
-
-def answer(repo: str) -> RepoIndex:
-    """The current host's answer for ``repo`` in this run (asked by preflight)."""
-    from pyinfra import host
-
-    return _answers[host.state][host.name][repo]

@@ -110,7 +110,19 @@ def run(config: HostConfig) -> Target:
     target."""
     from pyinfra import host, logger
 
-    from gpubox.facts import NvidiaPciDevices, OsRelease, UserId
+    from gpubox.answers import KeptOffers
+    from gpubox.facts import (
+        DesktopState,
+        DockerEngine,
+        KernelModuleLoaded,
+        LoadedDriver,
+        NvidiaPciDevices,
+        OsRelease,
+        SecureBoot,
+        UserId,
+        prefetch,
+        read_once,
+    )
     from gpubox.runfile import RunfileDriver
 
     passed = _passed.setdefault(host.state, {})
@@ -119,13 +131,19 @@ def run(config: HostConfig) -> Target:
     from gpubox import dpkg_ready  # first: wait for dpkg's locks, recover an interrupted dpkg
 
     dpkg_ready.prepare(config)
-    os_release = host.get_fact(OsRelease)
+    # the facts preflight and the driver stage read while they plan, in one round trip
+    prefetch(
+        *((f, {}) for f in (OsRelease, NvidiaPciDevices, UserId, RunfileDriver, DockerEngine)),
+        *((f, {}) for f in (KeptOffers, SecureBoot, DesktopState, LoadedDriver)),
+        (KernelModuleLoaded, {"module": "nouveau"}),
+    )
+    os_release = read_once(OsRelease)
     problems = evaluate(
         config,
         os_release,
-        host.get_fact(NvidiaPciDevices),
-        host.get_fact(UserId),
-        host.get_fact(RunfileDriver),
+        read_once(NvidiaPciDevices),
+        read_once(UserId),
+        read_once(RunfileDriver),
     )
     for problem in problems:
         if problem.severity == "warning":
@@ -145,17 +163,17 @@ def desktop_report(config: HostConfig) -> Any:
     """Tell the owner, before the first change, what the driver stage will do to the display
     of a desktop (gpubox.desktop.report): nothing is logged on a box that is not one. Returns
     the gpubox.desktop.Desktop it read."""
-    from pyinfra import host, logger
+    from pyinfra import logger
 
     from gpubox import desktop
-    from gpubox.facts import DesktopState, KernelModuleLoaded, LoadedDriver
+    from gpubox.facts import DesktopState, KernelModuleLoaded, LoadedDriver, read_once
 
-    seen = host.get_fact(DesktopState)
+    seen = read_once(DesktopState)
     lines = desktop.report(
         config,
         seen,
-        host.get_fact(LoadedDriver),
-        host.get_fact(KernelModuleLoaded, module="nouveau"),
+        read_once(LoadedDriver),
+        read_once(KernelModuleLoaded, module="nouveau"),
     )
     for line in lines:
         logger.warning(f"{config.host}: display: {line}")
@@ -163,14 +181,15 @@ def desktop_report(config: HostConfig) -> Any:
 
 
 def repository_problems(config: HostConfig, target: Target) -> None:
-    """Ask the repositories what they offer (gpubox.offers); refuse, nothing changed, when a
-    pinned version or a driver package is not there."""
-    from pyinfra import host, logger
+    """Ask the repositories what they offer (gpubox.offers; each only when needed, else its
+    kept answer); refuse, nothing changed, when a pinned version or a driver package is not
+    there. The stages keep the answers on the box (answers.keep_answers)."""
+    from pyinfra import logger
 
-    from gpubox import driver_plan, offers
-    from gpubox.facts import DockerEngine
+    from gpubox import answers, driver_plan, offers
+    from gpubox.facts import DockerEngine, read_once
 
-    sets, indexes = offers.ask(config, target, host.get_fact(DockerEngine))
+    sets, indexes = answers.ask(config, target, read_once(DockerEngine))
     for repo, index in indexes.items():
         for warning in index.warnings:
             logger.warning(f"preflight warning: {config.host}: repos.{repo}: {warning}")

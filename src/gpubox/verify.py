@@ -4,16 +4,27 @@ converged (inventory key ``verify_after_deploy``, on by default).
 The same checks as ``pytest tests/host -m quick`` and doctor, less the burn-in record (burn-in
 is its own run: deploy/burnin.py) and any that act on the box. The operation reads the facts
 when it executes (after every stage), yields no command, so a converged box reports no
-change; a failed check fails the host, naming each check, what it found and its fix."""
+change; a failed check fails the host, naming each check, what it found and its fix.
+
+The facts are read in two round trips, not one per fact: the OS release first (the other
+commands depend on the OS target), then every other fact the checks read, one after the
+other in one shell, each output carried back exactly with its exit status (``Batch``). Not
+side by side: a check of the processes' arguments would see the API requests of the others,
+and the server's slots would be busy with them."""
 
 from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
 
 from pyinfra import host, logger
 from pyinfra.api import OperationError, operation
 
 from gpubox import checks
+from gpubox.config import HostConfig
 
 RC_MARK = "@@gpubox-rc="
+BATCH_MARK = "@@gpubox-batch"
 
 
 def deploy_checks() -> list[checks.Check]:
@@ -45,6 +56,96 @@ def runner(pyinfra_host: object, sudo: dict[str, bool]) -> checks.Runner:
     return run
 
 
+def batch_command(commands: list[str]) -> str:
+    """Shell that runs ``commands`` one after the other, each in its own subshell with no
+    input, then prints one line per command: the mark, its index, its exit status, its
+    standard output and standard error in base64 ("-" when empty)."""
+    parts = ["d=$(mktemp -d) || exit 1; trap 'rm -rf \"$d\"' EXIT"]
+    for i, command in enumerate(commands):
+        parts.append(
+            f'{{ (\n{command}\n) >"$d/{i}.o" 2>"$d/{i}.e" </dev/null; echo $? >"$d/{i}.r"; }}'
+        )
+    parts.append(
+        f"for i in {' '.join(str(i) for i in range(len(commands)))}; do "
+        'o=$(base64 -w0 < "$d/$i.o"); e=$(base64 -w0 < "$d/$i.e"); '
+        f'printf \'{BATCH_MARK} %s %s %s %s\\n\' "$i" "$(cat "$d/$i.r")" "${{o:--}}" "${{e:--}}"; '
+        "done"
+    )
+    return "\n".join(parts)
+
+
+def _decode(field: str) -> str:
+    return "" if field == "-" else base64.b64decode(field).decode("utf-8", "replace")
+
+
+def parse_batch(commands: list[str], lines: Iterable[str]) -> dict[str, checks.Output]:
+    """The outputs ``batch_command`` printed, by command, as ``runner`` would have returned
+    them (standard output one line ending each line); a command without its line is absent."""
+    found: dict[str, checks.Output] = {}
+    for line in lines:
+        words = line.split(" ")
+        if len(words) != 5 or words[0] != BATCH_MARK:
+            continue
+        try:
+            command = commands[int(words[1])]
+            rc = int(words[2])
+            out, err = _decode(words[3]), _decode(words[4])
+        except (ValueError, IndexError):
+            continue
+        stdout = "".join(line + "\n" for line in out.splitlines())
+        found[command] = checks.Output(rc, stdout, "\n".join(err.splitlines()), command)
+    return found
+
+
+class Batch:
+    """A runner (``runner``'s) that answers from outputs read together beforehand (``read``),
+    and runs a command alone when it has none for it."""
+
+    def __init__(self, pyinfra_host: object, sudo: dict[str, bool]) -> None:
+        self.host = pyinfra_host
+        self.sudo = sudo
+        self.alone = runner(pyinfra_host, sudo)
+        self.outputs: dict[str, checks.Output] = {}
+
+    def __call__(self, command: str) -> checks.Output:
+        if command in self.outputs:
+            return self.outputs[command]
+        return self.alone(command)
+
+    def read(self, commands: Iterable[str]) -> None:
+        todo = [c for c in dict.fromkeys(commands) if c not in self.outputs]
+        if not todo:
+            return
+        try:
+            _, out = self.host.run_shell_command(  # type: ignore[attr-defined]
+                batch_command(todo), print_output=False, _timeout=300, **self.sudo
+            )
+        except Exception:  # noqa: BLE001 - each command is then run alone, as before
+            return
+        self.outputs.update(parse_batch(todo, out.stdout_lines))
+
+
+def read_ahead(
+    batch: Batch, facts: checks.Facts, chosen: list[checks.Check], config: HostConfig
+) -> None:
+    """Read every fact the chosen checks may read in one round trip (after the OS release,
+    which the other commands depend on)."""
+    from gpubox.checks.core import FACTS
+
+    target = facts.target
+    # in the order the checks read them
+    names = [n for n in dict.fromkeys(n for c in chosen for n in c.reads) if n != "os_release"]
+    commands = []
+    for name in names:
+        fact = FACTS.get(name)
+        if fact is None or fact.active:
+            continue
+        command = fact.command_for(config, target)
+        if command is not None:
+            commands.append(command)
+    batch.read(commands)
+
+
 def failures(verdicts: list[checks.Verdict]) -> str:
     return "\n".join(f"  [{v.check}] {v.message}\n      fix: {v.fix}" for v in verdicts)
 
@@ -56,8 +157,10 @@ def verify_host(inventory: str):
 
     config = current_config()
     sudo = {"_sudo": True} if host.data.get("_sudo") else {}
-    facts = checks.Facts(runner(host, sudo), config)
+    batch = Batch(host, sudo)
+    facts = checks.Facts(batch, config)
     chosen = deploy_checks()
+    read_ahead(batch, facts, chosen, config)
     verdicts = checks.run(chosen, host.name, config, facts, inventory)
     failed = [v for v in verdicts if v.failed]
     passed = sum(v.status == "pass" for v in verdicts)

@@ -17,7 +17,8 @@ from pyinfra.api import Config, Host, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
-from gpubox import catalog
+from gpubox import catalog, layout, offers
+from gpubox.config import HostConfig, Target, load_host_config, target_for
 
 FACTS = Path(__file__).parent / "facts"
 
@@ -78,6 +79,50 @@ def repo_answers(os_name: str) -> dict[object, object]:
         "gpubox-apt-query nvidia_container_toolkit": toolkit,
         "gpubox-apt-query docker": docker,
     }
+
+
+def installed_pins(os_name: str, data: dict[str, object] = REFERENCE) -> list[str]:
+    """`dpkg -l` lines of every package the deploy pins (gpubox.offers.pinned_sets and the
+    driver's roots), installed at its pin: what a converged box shows."""
+    config, target = _config_target(os_name, data)
+    driver = config.driver_packages(target.family)
+    lines = [f"hi  {name}  {driver.package_version}  amd64  driver" for name in driver.installed]
+    for pinned in offers.pinned_sets(config, target, {}):
+        lines += [f"hi  {n}  {v}  amd64  {pinned.stage}" for n, v in pinned.packages.items()]
+    return lines
+
+
+def kept_offers(
+    os_name: str, data: dict[str, object] = REFERENCE, files: dict[str, str] | None = None
+) -> list[str]:
+    """gpubox.answers' KeptOffers fact on a box that a deploy converged: the digests of the
+    driver's pin file and blacklist (``files``: path -> text; default: the ones the
+    repositories' answers give) and the answers the first deploy kept (repo_answers)."""
+    import hashlib
+
+    from gpubox import answers, driver_plan
+
+    config, target = _config_target(os_name, data)
+    asked = answers.questions(config, target, offers.pinned_sets(config, target, {}))
+    replies = repo_answers(os_name)
+    indexes = {q.repo: offers.parse_query(replies[f"gpubox-apt-query {q.repo}"]) for q in asked}
+    if files is None:
+        plan = driver_plan.plan(config, target, indexes["nvidia_cuda"].offers)
+        files = {layout.DRIVER_PIN: plan.pin, layout.UNATTENDED_BLACKLIST: plan.unattended}
+    text = answers.to_keep(answers.Kept(), asked, indexes)
+    assert text is not None
+    return [f"D {path} {hashlib.sha256(t.encode()).hexdigest()}" for path, t in files.items()] + [
+        "K",
+        text,
+    ]
+
+
+def _config_target(os_name: str, data: dict[str, object]) -> tuple[HostConfig, Target]:
+    family, version_id, _ = OS_FAMILY[os_name]
+    config = load_host_config("box", data)
+    target = target_for({"ID": family, "VERSION_ID": version_id}, config.catalog)
+    assert target is not None
+    return config, target
 
 
 def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:

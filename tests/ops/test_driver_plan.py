@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import REFERENCE, fresh_box, repo_answers
+from conftest import REFERENCE, fresh_box, installed_pins, kept_offers, repo_answers
 
 from gpubox import dpkg_ready, driver_plan, offers
 from gpubox.config import load_host_config, target_for
@@ -259,9 +259,12 @@ def converged_ubuntu_box() -> dict[object, object]:
         "hi  libnccl2  2.25.1-1+cuda12.8  amd64  NCCL",
         "hi  libnccl-dev  2.25.1-1+cuda12.8  amd64  NCCL",
     ]
+    dpkg += [line for line in installed_pins("ubuntu2404") if line.split()[1] not in UBUNTU_570]
     return fresh_box(
         "ubuntu2404",
         **{
+            # the repositories' answers the first deploy kept (gpubox.answers)
+            "gpubox-kept-offers": kept_offers("ubuntu2404"),
             "sha256sum <": digests,
             "dpkg -l": dpkg,
             "apt-mark showhold": UBUNTU_570 + ["libnccl2", "libnccl-dev"],

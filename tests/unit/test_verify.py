@@ -3,6 +3,7 @@ command's exit status through pyinfra's connection (here a real shell stands in 
 
 from __future__ import annotations
 
+import re
 import subprocess
 from types import SimpleNamespace
 
@@ -51,3 +52,44 @@ def test_a_failure_names_the_check_what_it_found_and_the_fix():
     assert verify.failures([verdict]) == (
         "  [cuda.link] box: /usr/local/cuda ...\n      fix: pyinfra x"
     )
+
+
+COMMANDS = [
+    "printf abc",
+    "echo hi; echo there",
+    "false",
+    "gpubox-no-such-command",
+    "echo partial; cat /gpubox/nonexistent",
+    "printf 200; echo; printf '{}'",
+    "printf 'two words\\n\\nand a blank line\\n'",
+    "cat",  # no input: it ends at once
+]
+
+
+def test_the_batch_reads_every_fact_in_one_round_trip_as_the_runner_would():
+    class Counting(ShellHost):
+        calls = 0
+
+        def run_shell_command(self, command: str, **kw: object):
+            Counting.calls += 1
+            return super().run_shell_command(command, **kw)
+
+    one = verify.runner(ShellHost(), {})
+    batch = verify.Batch(Counting(), {})
+    batch.read(COMMANDS)
+    assert Counting.calls == 1
+    for command in COMMANDS:
+        got, want = batch(command), one(command)
+        assert (got.rc, got.stdout, got.missing) == (want.rc, want.stdout, want.missing), command
+        # the same message, but for the script's line number the shell names
+        assert re.sub(r"^sh: \d+:", "sh:", got.stderr) == re.sub(r"^sh: \d+:", "sh:", want.stderr)
+    assert Counting.calls == 1  # every answer came from the one round trip
+    assert batch("echo later").stdout == "later\n" and Counting.calls == 2  # not read: alone
+    # a command that exits keeps its status (alone, the status line after it is never printed)
+    batch.read(["exit 3"])
+    assert batch("exit 3").rc == 3
+
+
+def test_a_batch_line_that_does_not_parse_leaves_that_command_to_run_alone():
+    found = verify.parse_batch(["a", "b"], ["@@gpubox-batch 0 0 aGk= -", "@@gpubox-batch 1 x - -"])
+    assert found == {"a": checks.Output(0, "hi\n", "", "a")}

@@ -16,7 +16,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from gpubox import layout, operations, preflight
+from gpubox import answers, layout, operations, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.stages import FILES, ManagedFiles, current_config, render, units
@@ -103,3 +103,4 @@ def container_toolkit() -> None:
             name="Create the /dev/char symlinks now",
             commands=["nvidia-ctk system create-dev-char-symlinks --create-all"],
         )
+    answers.keep_answers()  # this run's answers, kept (only if they changed)

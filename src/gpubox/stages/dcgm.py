@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
-from gpubox import layout, preflight
+from gpubox import answers, layout, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.stages import ManagedFiles, current_config, render, units
@@ -85,3 +85,4 @@ def dcgm() -> None:
         unit = managed.put("dcgm-exporter unit", layout.DCGM_EXPORTER_UNIT_FILE)
         units.reload_units(unit, label="dcgm-exporter")
         units.keep_running(layout.DCGM_EXPORTER, "dcgm-exporter", unit)
+    answers.keep_answers()  # this run's answers, kept (only if they changed)

@@ -13,9 +13,9 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
-from gpubox import layout, operations, preflight
+from gpubox import answers, layout, operations, preflight
 from gpubox.config import HostConfig, Target
-from gpubox.facts import DockerEngine
+from gpubox.facts import DockerEngine, read_once
 from gpubox.stages import current_config, units
 from gpubox.stages.apt_repo import apt_repo, placeholders
 
@@ -75,7 +75,7 @@ def plan(config: HostConfig, target: Target, engine: dict[str, Any]) -> DockerPl
 def docker() -> None:
     config = current_config()
     target = preflight.run(config)
-    p = plan(config, target, host.get_fact(DockerEngine))
+    p = plan(config, target, read_once(DockerEngine))
     if p.keep_existing:
         logger.info(f"{host.name}: {p.keep_existing}")
     if p.repo:
@@ -100,6 +100,7 @@ def docker() -> None:
     )
     if daemon is not None:
         reload_docker(daemon, set(p.daemon))
+    answers.keep_answers()  # this run's answers, kept (only if they changed)
 
 
 def reload_docker(change: Any, keys: set[str], unless: Any = None) -> None:

@@ -13,12 +13,12 @@ from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import apt, server
 
 from gpubox import (
+    answers,
     desktop,
     driver_plan,
     driver_replacement,
     kernels,
     layout,
-    offers,
     operations,
     preflight,
     runfile,
@@ -26,7 +26,14 @@ from gpubox import (
 )
 from gpubox.config import HostConfig, Target
 from gpubox.errors import HostStopped
-from gpubox.facts import CommandOutput, KernelModuleLoaded, LoadedDriver, MokKey, SecureBoot
+from gpubox.facts import (
+    CommandOutput,
+    KernelModuleLoaded,
+    LoadedDriver,
+    MokKey,
+    SecureBoot,
+    read_once,
+)
 from gpubox.stages import FILES, ManagedFiles, current_config, render, units
 from gpubox.stages.nvidia_repo import nvidia_repo
 from gpubox.stages.packages import install_pinned
@@ -54,7 +61,7 @@ def driver() -> None:
     runfile.uninstall(config)  # runfile_driver: uninstall, before the stage's own changes
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
     # by preflight), never a list written in advance.
-    p = driver_plan.plan(config, target, offers.answer("nvidia_cuda").offers)
+    p = driver_plan.plan(config, target, answers.answer("nvidia_cuda").offers)
     # Another driver installed (Ubuntu's, Debian's, an older build): say what goes, first.
     driver_replacement.warn_before_install(config, target, p)
 
@@ -135,8 +142,8 @@ def driver() -> None:
     wanted = managed.put("Start nvidia-persistenced at boot", layout.PERSISTENCED_WANTED)
     units.reload_units(dropin, wanted)
 
-    loaded = host.get_fact(LoadedDriver)
-    nouveau_loaded = host.get_fact(KernelModuleLoaded, module="nouveau")
+    loaded = read_once(LoadedDriver)
+    nouveau_loaded = read_once(KernelModuleLoaded, module="nouveau")
     reason = desktop.reboot_reason(config.driver_version, loaded, nouveau_loaded)
     if reason:
         users = display.users_at_the_display
@@ -173,13 +180,14 @@ def driver() -> None:
                 commands=[f"nvidia-smi -pm {1 if config.persistence_mode else 0}"],
                 _if=lambda: not dropin.did_change(),
             )
+    answers.keep_answers()  # this run's answers, kept (only if they changed)
 
 
 def secure_boot_gate(config: HostConfig, target: Target) -> None:
     """With Secure Boot on, the module DKMS builds must be signed by an enrolled key
     (gpubox.secure_boot): go on, refuse, or create the key if missing and stop before the
     driver with the enrollment steps (HostStopped: the operations so far run, then the stop)."""
-    enabled = host.get_fact(SecureBoot)
+    enabled = read_once(SecureBoot)
     if not enabled:
         return
     state = host.get_fact(MokKey, family=target.family)

@@ -12,7 +12,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
-from gpubox import dpkg_ready, layout, operations, preflight
+from gpubox import answers, dpkg_ready, layout, operations, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
 from gpubox.stages import ManagedFiles, current_config, render
@@ -140,3 +140,4 @@ def tools() -> None:
             commands=[nvtop_guard(config.driver_version)],
         )
     apt.packages(name="Install nvtop", packages=["nvtop"], no_recommends=True)
+    answers.keep_answers()  # this run's answers, kept (only if they changed)
