@@ -26,7 +26,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from gpubox import layout
+from gpubox import apt_versions, layout
 from gpubox.config import HostConfig, Target
 from gpubox.offers import PinnedSet, RepoIndex, RepoOffers, pinned_sets, trusted_source_line
 
@@ -189,9 +189,10 @@ def _reason(
         if pinned.repo != question.repo:
             continue
         for name, version in pinned.packages.items():
-            if version not in installed.get(name, ()):
+            # a pin may be a pattern (NCCL's "*+cuda12.8"): any matching version counts
+            if not apt_versions.satisfies(version, installed.get(name, ())):
                 return f"{name}={version} to install"
-            if version not in offered.get(name, ()):
+            if not apt_versions.satisfies(version, offered.get(name, ())):
                 return f"the kept answer lacks {name}={version}"
     if question.repo == "nvidia_cuda":
         try:

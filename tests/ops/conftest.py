@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from pyinfra.api import Config, Host, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
-from gpubox import catalog, layout, offers
+from gpubox import apt_versions, catalog, layout, offers
 from gpubox.config import HostConfig, Target, load_host_config, target_for
 
 FACTS = Path(__file__).parent / "facts"
@@ -88,7 +89,10 @@ def installed_pins(os_name: str, data: dict[str, object] = REFERENCE) -> list[st
     driver = config.driver_packages(target.family)
     lines = [f"hi  {name}  {driver.package_version}  amd64  driver" for name in driver.installed]
     for pinned in offers.pinned_sets(config, target, {}):
-        lines += [f"hi  {n}  {v}  amd64  {pinned.stage}" for n, v in pinned.packages.items()]
+        for n, v in pinned.packages.items():
+            if apt_versions.is_pattern(v):  # NCCL's "*+cuda12.8": the build the repo gave
+                v = apt_versions.newest(o for o in NCCL_OFFERED if fnmatchcase(o, v)) or v
+            lines.append(f"hi  {n}  {v}  amd64  {pinned.stage}")
     return lines
 
 

@@ -20,7 +20,7 @@ from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server
 
-from gpubox import apt_versions, layout, nccl, offers, operations, preflight, progress
+from gpubox import answers, apt_versions, layout, nccl, operations, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.stages import ManagedFiles, Target, current_config, render
 from gpubox.stages.nvidia_repo import nvidia_repo
@@ -148,7 +148,7 @@ def nccl_version(config: HostConfig, installed: dict[str, list[str]]) -> str:
     here = apt_versions.resolve(pin, {}, installed, nccl.PACKAGES)
     if here:
         return here
-    offered = offers.answer("nvidia_cuda").offers
+    offered = answers.answer("nvidia_cuda").offers
     version = apt_versions.resolve(pin, offered, installed, nccl.PACKAGES)
     if version is None:
         from gpubox.stages import DeployRefused
