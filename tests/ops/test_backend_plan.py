@@ -209,8 +209,11 @@ def test_fresh_box_builds_generates_a_key_and_waits_for_health(plan_of):
         llamacpp_build.llama_build(load_host_config("b", data))
     )
     assert command in build
-    (download,) = [c for n, c in plan.ops if "Download and verify m.gguf" in n]
-    assert "curl -fL --retry 10 --retry-delay 5 -C - -o /srv/models/m.gguf.part" in download[0]
+    assert [n for n in plan.names if "Download and verify m.gguf" in n]  # waits for the unit
+    assert [n for n in plan.names if "Start gpubox-model-download" in n]
+    p = model_stage.plan(load_host_config("b", data))
+    commands = "".join(model_stage.download_commands(p, "", ""))
+    assert "curl -fsSL --retry 10 --retry-delay 5 -C - -o /srv/models/m.gguf.part" in commands
     assert plan.op("Generate the API key")
     assert [n for n in plan.names if "Wait for the API" in n]
 

@@ -117,19 +117,84 @@ def test_a_bad_file_never_appears_at_the_model_path(tmp_path):
     assert not (tmp_path / "models" / "tiny.gguf").exists()
 
 
-def test_a_stale_staging_directory_is_cleared_before_hf_runs(tmp_path):
-    """A bad file and hf's metadata left by a run cut short are not taken for a download."""
+def test_an_interrupted_download_is_resumed_not_started_again(tmp_path):
+    """What a run cut short left in the staging directory (hf's partial file and metadata) is
+    there when hf runs again, so hf resumes it: nothing is removed before the transfer."""
     p = plan(tmp_path / "models")
-    stale = Path(p.staging) / ".cache" / "huggingface" / "download"
-    stale.mkdir(parents=True)
-    (Path(p.staging) / "tiny.gguf").write_bytes(BAD)
-    (stale / "tiny.gguf.metadata").write_text("commit etag\n")
-    (stale / "old.incomplete").write_bytes(b"x" * 100)
-    body = f'ls -A "$dir" > {tmp_path}/listing\n' + with_content(GOOD)
+    partial = Path(p.staging) / ".cache" / "huggingface" / "download"
+    partial.mkdir(parents=True)
+    (partial / "x.incomplete").write_bytes(GOOD[:1000])
+    body = f'ls -A "$dir/.cache/huggingface/download" > {tmp_path}/listing\n' + with_content(GOOD)
     result = run_step(p, fake_tool(tmp_path, "hf", body))
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "listing").read_text() == ""
+    assert (tmp_path / "listing").read_text() == "x.incomplete\n"
     assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
+    assert not Path(p.staging).exists()  # gone once the file verified and moved
+
+
+def test_a_stall_restarts_the_transfer_and_the_second_stall_turns_xet_off(tmp_path):
+    """The watchdog: a transfer that writes nothing for download_stall_s is killed and run
+    again; from the second stall on hf runs with HF_HUB_DISABLE_XET=1 (the third run, here,
+    completes)."""
+    p = plan(tmp_path / "models")
+    count = tmp_path / "runs"
+    body = (
+        f'echo "${{HF_HUB_DISABLE_XET:-xet}}" >> {count}\n'
+        f'if [ "$(wc -l < {count})" -lt 3 ]; then mkdir -p "$dir"; sleep 60; fi\n'
+        + with_content(GOOD)
+    )
+    commands = model_stage.download_commands(
+        p,
+        "http://127.0.0.1:9",
+        "",
+        token_file=str(tmp_path / "t"),
+        hf_venv=str(fake_tool(tmp_path, "hf", body)),
+        stall_s=2,
+    )
+    result = subprocess.run(
+        ["sh", "-c", model_stage.step_command(commands)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert count.read_text().split() == ["xet", "xet", "1"]
+    assert result.stdout.count("no new bytes for 2 s (download_stall_s): restarting") == 2
+    assert "retrying with Xet off (HF_HUB_DISABLE_XET=1)" in result.stdout
+    assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
+
+
+def test_the_watchdog_gives_up_after_repeated_stalls(tmp_path):
+    p = plan(tmp_path / "models", source="modelscope")
+    ms = fake_tool(tmp_path, "modelscope", 'mkdir -p "$dir"; sleep 60\n')
+    commands = model_stage.download_commands(
+        p, "", "http://127.0.0.1:9", ms_venv=str(ms), stall_s=1
+    )
+    result = subprocess.run(
+        ["sh", "-c", model_stage.step_command(commands)], capture_output=True, text=True, timeout=90
+    )
+    assert result.returncode == 1
+    assert f"stalled {model_stage.model_script.MAX_STALLS} times; giving up" in result.stderr
+    assert "Xet" not in result.stdout  # modelscope has no Xet to turn off
+
+
+def test_hf_and_modelscope_ask_for_the_plans_revision(tmp_path):
+    commit = "a" * 40
+    p = model_plan(tmp_path / "models", sha256=SHA, revision=commit)
+    assert run_step(p, fake_tool(tmp_path, "hf", with_content(GOOD))).returncode == 0
+    args = (tmp_path / "hf-args").read_text().split()
+    assert args[3:5] == ["--revision", commit]
+    m = model_plan(tmp_path / "ms-models", source="modelscope", sha256=SHA, revision="v1.0")
+    ms = fake_tool(tmp_path, "modelscope", f"printf '%s' '{GOOD.decode()}' > \"$dir/tiny.gguf\"\n")
+    assert run_step(m, ms, ms).returncode == 0
+    assert "tiny.gguf --revision v1.0 --local_dir" in (tmp_path / "modelscope-args").read_text()
+    unpinned = plan(tmp_path / "other")
+    assert "--revision" not in "".join(model_stage.download_commands(unpinned, "", ""))
+
+
+def test_a_verified_file_is_not_hashed_again(tmp_path):
+    """The unit's script at boot, with the marker matching the file: done at once."""
+    p = plan(tmp_path / "models")
+    assert run_step(p, fake_tool(tmp_path, "hf", with_content(GOOD))).returncode == 0
+    again = run_step(p, fake_tool(tmp_path / "2", "hf", "exit 3\n"))
+    assert again.returncode == 0 and "is there and verified; kept" in again.stdout
 
 
 def test_modelscope_downloads_through_the_staging_directory_too(tmp_path):
