@@ -18,10 +18,13 @@ ANNOUNCED = "curl -sI --max-time 20 https://huggingface.co/unsloth/"
 
 
 def test_the_download_tool_comes_from_the_catalogs_index(plan_of):
-    plan = plan_of(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
-    (_, pip) = plan.op("Download tool in /opt/gpubox/hf-venv")
+    ms = {**REFERENCE, "model_source": "modelscope"}
+    plan = plan_of(model_stage.model, ms, fresh_box("ubuntu2404"))
+    (_, pip) = plan.op("Download tool in /opt/gpubox/modelscope-venv")
     assert "--index-url https://pypi.org/simple " in pip
-    assert pip.endswith("'huggingface_hub[hf_xet]>=1.0,<2'")
+    # the GGUF from Hugging Face needs no tool: curl resumes it (the vLLM checkpoint uses hf)
+    hf = plan_of(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
+    assert not [n for n in hf.names if "Download tool" in n]
 
 
 def test_a_pypi_mirror_is_a_catalog_override(plan_of):
@@ -56,7 +59,6 @@ def test_the_download_is_a_unit_and_the_backend_waits_for_it_with_progress(plan_
     plan = plan_of(model_stage.model, data, answers)
     names = plan.names
     order = [
-        "Download tool in /opt/gpubox/hf-venv",
         "Model download script",
         "Model download unit gpubox-model-download",
         "Reload systemd units (model download)",
@@ -81,8 +83,9 @@ def test_the_download_is_a_unit_and_the_backend_waits_for_it_with_progress(plan_
     assert script == model_stage.download_script(
         p, "https://hf-mirror.example.org", config.catalog["modelscope"]["endpoint"], 120, False
     )
-    assert "hf download me/x Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf --local-dir " in script
-    assert f"rm -rf {p.staging}; mkdir" not in script
+    url = "https://hf-mirror.example.org/me/x/resolve/main/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf"
+    assert f'-C - -H @"$GPUBOX_AUTH" -o {p.path}.part {url}' in script
+    assert f"rm -f {p.path}.part" not in script.split("_gw_run")[0]  # nothing removed first
     assert "no new bytes for 120 s (download_stall_s)" in script
     assert script.endswith(
         "systemctl disable -q gpubox-model-download.service 2>/dev/null || true\n"
@@ -110,11 +113,8 @@ def test_the_unit_is_enabled_low_priority_and_memory_capped(plan_of):
     assert "LoadCredential" not in unit  # no token in the operator's environment
     script = written[model_stage.SCRIPT]
     assert "no new bytes for 30 s (download_stall_s)" in script
-    # after two stalls hf runs with Xet off (the sandbox's Hub serves no Xet: proven here)
-    assert (
-        f'if [ "$_gw_stalls" -ge {model_stage.model_script.XET_OFF_AFTER} ] '
-        '&& [ -z "${HF_HUB_DISABLE_XET:-}" ]; then export HF_HUB_DISABLE_XET=1;' in script
-    )
+    # no Xet client runs on this path: curl over the resolve URL (see docs/models.md)
+    assert "hf download" not in script and "hf_xet" not in script
     assert load_host_config("b", REFERENCE).download_memory_max == "4G"  # the default cap
 
 
@@ -127,12 +127,17 @@ def test_the_token_reaches_the_unit_as_a_credential_never_on_a_line(plan_of, mon
     assert "hf_secret_value" not in unit + script + "".join(plan.commands)
     assert "Environment" not in unit
     assert '"${CREDENTIALS_DIRECTORY:-/nonexistent}/hf-token"' in script
+    # curl reads it as a header file written by the shell's own printf
+    assert (
+        "printf 'Authorization: Bearer %s\\n' \"$(cat \"${CREDENTIALS_DIRECTORY:-/nonexistent}"
+        '/hf-token")" > "$GPUBOX_AUTH"' in script
+    )
     assert written["/root/.cache/gpubox/hf-token"] == "hf_secret_value\n"
     (chmod,) = [c for c in plan.op("HF_TOKEN for this download") if c.startswith("chmod")]
     assert chmod == "chmod 600 /root/.cache/gpubox/hf-token"
     # removed when the download ends by itself, kept when it is stopped (the resume needs it)
-    assert "trap 'rm -f /root/.cache/gpubox/hf-token' EXIT" in script
-    assert "trap 'trap - EXIT; exit 143' HUP INT TERM" in script
+    assert "trap 'rm -f /root/.cache/gpubox/hf-token \"$GPUBOX_AUTH\"' EXIT" in script
+    assert "trap 'rm -f \"$GPUBOX_AUTH\"; trap - EXIT; exit 143' HUP INT TERM" in script
 
 
 def test_the_catalog_says_the_gguf_is_unpinned_and_hf_then_asks_for_main(plan_of, caplog):
@@ -144,7 +149,9 @@ def test_the_catalog_says_the_gguf_is_unpinned_and_hf_then_asks_for_main(plan_of
     size = model_stage.remote_size_command(p, "https://huggingface.co")
     assert size and "/resolve/main/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in size
     written = uploads(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
-    assert "--revision" not in written[model_stage.SCRIPT]
+    assert (
+        "/resolve/main/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in written[model_stage.SCRIPT]
+    )
     assert "is not pinned to a revision" in caplog.text
 
 
@@ -166,7 +173,7 @@ def test_hf_downloads_and_sizes_the_pinned_commit(plan_of, data, caplog):
     assert size and f"/resolve/{COMMIT}/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in size
     written = uploads(model_stage.model, data, fresh_box("ubuntu2404"))
     assert (
-        f"Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf --revision {COMMIT} --local-dir"
+        f"/resolve/{COMMIT}/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf"
         in (written[model_stage.SCRIPT])
     )
     assert "is not pinned" not in caplog.text

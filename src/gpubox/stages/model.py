@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import urllib.parse
 from dataclasses import dataclass
 
 from pyinfra import host, logger
@@ -129,8 +128,7 @@ def remote_size_command(p: ModelPlan, hf_endpoint: str) -> str | None:
     for a URL, the final response's ``Content-Length`` after redirects. None for modelscope
     (no such call)."""
     if p.source == "hf":
-        revision = urllib.parse.quote(p.revision or "main", safe="")
-        url = f"{hf_endpoint.rstrip('/')}/{p.repo}/resolve/{revision}/{urllib.parse.quote(p.file)}"
+        url = model_script.hf_resolve_url(p, hf_endpoint)
         flags = "-sI"
     elif p.source == "url" and p.url:
         url, flags = p.url, "-sIL"
@@ -199,7 +197,7 @@ def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
             f"its sha256): downloading {'main' if p.source == 'hf' else 'the default revision'}; "
             "the sha256 still refuses other bytes (model_revision pins one)"
         )
-    if p.source in ("hf", "modelscope"):
+    if p.source == "modelscope":
         download_tool(config, p.source)
     token = put_token() if p.source == "hf" else False
     script = download_script(
@@ -294,7 +292,14 @@ def download_tool(config: HostConfig, source: str) -> None:
         if source == "hf"
         else (layout.MODELSCOPE_VENV, catalog["modelscope"]["requirement"])
     )
-    apt.packages(name="python3-venv for the download tool", packages=["python3-venv"])
+    # The download starts first in a deploy, before any stage refreshed apt's lists (a fresh
+    # box may have none): refresh them when older than an hour, only when the tool is needed.
+    apt.packages(
+        name="python3-venv for the download tool",
+        packages=["python3-venv"],
+        update=True,
+        cache_time=3600,
+    )
     server.shell(
         name=f"Download tool in {venv}",
         commands=[

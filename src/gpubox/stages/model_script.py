@@ -6,6 +6,7 @@ unit tests run it with stand-in tools."""
 from __future__ import annotations
 
 import shlex
+import urllib.parse
 from dataclasses import dataclass
 
 from gpubox import layout
@@ -93,11 +94,9 @@ UNIT_FILE = layout.unit_file(UNIT)
 SCRIPT = "/usr/local/lib/gpubox/model-download.sh"
 CREDENTIAL = "hf-token"  # the unit's LoadCredential= name for the Hugging Face token
 # The stall watchdog samples the bytes every second; a transfer that fails (not a stall) is
-# tried ATTEMPTS times, RETRY_S apart; after XET_OFF_AFTER stalls hf runs with Xet off, and
-# after MAX_STALLS stalls the download fails.
+# tried ATTEMPTS times, RETRY_S apart; after MAX_STALLS stalls the download fails.
 ATTEMPTS = 3
 RETRY_S = 5
-XET_OFF_AFTER = 2
 MAX_STALLS = 6
 
 _WATCHDOG = r"""_gw_run() {
@@ -136,7 +135,6 @@ _WATCHDOG = r"""_gw_run() {
         echo "gpubox: the transfer stalled $_gw_stalls times; giving up" >&2
         return 1
       fi
-      @ON_STALL@
       continue
     fi
     [ "$_gw_rc" -eq 0 ] && return 0
@@ -151,26 +149,17 @@ _WATCHDOG = r"""_gw_run() {
 }
 """
 
-# hf after XET_OFF_AFTER stalls: huggingface_hub's documented switch (HF_HUB_DISABLE_XET)
-# makes the next transfers plain HTTP, the known way out of a hanging hf_xet.
-_XET_OFF = (
-    f'if [ "$_gw_stalls" -ge {XET_OFF_AFTER} ] && [ -z "${{HF_HUB_DISABLE_XET:-}}" ]; then '
-    "export HF_HUB_DISABLE_XET=1; "
-    'echo "gpubox: stalled $_gw_stalls times: retrying with Xet off (HF_HUB_DISABLE_XET=1)"; fi'
-)
 
-
-def watchdog(stall_s: int, hf: bool) -> str:
+def watchdog(stall_s: int) -> str:
     """The shell function ``_gw_run TRANSFER PATHS``: TRANSFER runs in a session of its own
     until it succeeds; no byte growth of PATHS for ``stall_s`` seconds kills it and starts it
-    again (``hf``: with Xet off after XET_OFF_AFTER stalls); a failure is retried
-    ATTEMPTS times; returns 1 after MAX_STALLS stalls, else the last failure's status."""
+    again (a partial file stays, and is resumed); a failure is retried ATTEMPTS times;
+    returns 1 after MAX_STALLS stalls, else the last failure's status."""
     values = {
         "STALL": str(int(stall_s)),
         "MAX_STALLS": str(MAX_STALLS),
         "ATTEMPTS": str(ATTEMPTS),
         "RETRY": str(RETRY_S),
-        "ON_STALL": _XET_OFF if hf else ":",
     }
     text = _WATCHDOG
     for key, value in values.items():
@@ -201,8 +190,8 @@ def download_commands(
     stage = q(p.staging)
     staged = q(f"{p.staging}/{p.file}")
     revision = f" --revision {q(p.revision)}" if p.revision else ""
-    # hf and modelscope: the staging directory is kept across runs (hf resumes its
-    # .cache/huggingface/download/*.incomplete there); the file moves into model_dir once it
+    # modelscope: the staging directory is kept across runs (modelscope resumes what it
+    # can there); the file moves into model_dir once it
     # verifies; a file that does not is removed with the whole staging directory (hf's
     # metadata there would otherwise take the bad file for a finished download).
     into_place = (
@@ -216,7 +205,7 @@ def download_commands(
         # -C -: resume a partial download after an interruption
         transfer = f"curl -fsSL --retry 10 --retry-delay 5 -C - -o {part} {q(p.url)}"
         fetch = (
-            watchdog(stall_s, hf=False)
+            watchdog(stall_s)
             + f"_gw_run {q(transfer)} {part}; "
             + verify_command(p, p.path + ".part", remove=True)
             + f"; mv {part} {path}"
@@ -224,23 +213,34 @@ def download_commands(
     elif p.source == "hf":
         # The token file is removed when this command ends by itself; a stop (a signal) keeps
         # it, for the run that resumes the download (after a reboot: the unit at boot).
-        before = f"trap 'rm -f {q(token_file)}' EXIT; trap 'trap - EXIT; exit 143' HUP INT TERM; "
+        before = (
+            f"umask 077; GPUBOX_AUTH=$(mktemp); export GPUBOX_AUTH; "
+            f"trap 'rm -f {q(token_file)} \"$GPUBOX_AUTH\"' EXIT; "
+            "trap 'rm -f \"$GPUBOX_AUTH\"; trap - EXIT; exit 143' HUP INT TERM; "
+        )
         source = token_read or q(token_file)
-        token = f"$( [ -s {source} ] && cat {source} )"
-        # hf download asks HF_ENDPOINT for the file's metadata (HEAD .../resolve/REV/FILE) and
-        # then its bytes; a broken connection is resumed with a Range request, and so is a
-        # partial file an earlier run left under the staging directory. HF_HOME (Xet's chunk
-        # cache) lives there too: on the models' volume, gone with the staging directory.
+        # The token as a header file (printf is the shell's own: on no command line); curl
+        # sends it to the Hub only, not to the CDN a redirect leads to.
+        auth = (
+            f"if [ -s {source} ]; then "
+            f'printf \'Authorization: Bearer %s\\n\' "$(cat {source})" > "$GPUBOX_AUTH"; fi; '
+        )
+        # huggingface_hub 1.x (`hf download`) writes each run into a new temporary file, so a
+        # run cut short leaves nothing the next run can resume. curl fetches the same resolve
+        # URL (at the pinned revision) into <file>.part and resumes it with a Range request
+        # (-C -), in the same run and in any later one. No Xet client runs: the Hub serves
+        # Xet-stored files over plain HTTP too.
+        part = q(p.path + ".part")
+        url = hf_resolve_url(p, hf_endpoint)
         transfer = (
-            f"HF_ENDPOINT={q(hf_endpoint)} HF_HOME={stage}/.hf-home HF_TOKEN={token} "
-            f"{HF_QUIET} {hf_venv}/bin/hf download {q(p.repo)} {q(p.file)}{revision} "
-            f"--local-dir {stage}"
+            f'curl -fsSL --retry 10 --retry-delay 5 -C - -H @"$GPUBOX_AUTH" -o {part} {q(url)}'
         )
         fetch = (
-            f"mkdir -p {stage}; "
-            + watchdog(stall_s, hf=True)
-            + f"_gw_run {q(transfer)} {stage}"
-            + into_place
+            auth
+            + watchdog(stall_s)
+            + f"_gw_run {q(transfer)} {part}; "
+            + verify_command(p, p.path + ".part", remove=True)
+            + f"; mv {part} {path}"
         )
     else:
         # modelscope keeps its partial files in the local dir and resumes what it can.
@@ -250,7 +250,7 @@ def download_commands(
         )
         fetch = (
             f"mkdir -p {stage}; "
-            + watchdog(stall_s, hf=False)
+            + watchdog(stall_s)
             + f"_gw_run {q(transfer)} {stage}"
             + into_place
         )
@@ -264,6 +264,12 @@ def download_commands(
         f"else rm -f {path}; {fetch}; fi; fi",
         f"printf '%s %s\\n' {q(p.stamp)} \"$(stat -c {q(STAT_FORMAT)} {path})\" > {q(p.marker)}",
     ]
+
+
+def hf_resolve_url(p: ModelPlan, hf_endpoint: str) -> str:
+    """The Hub's URL of the file at the plan's revision (main when unpinned)."""
+    revision = urllib.parse.quote(p.revision or "main", safe="")
+    return f"{hf_endpoint.rstrip('/')}/{p.repo}/resolve/{revision}/{urllib.parse.quote(p.file)}"
 
 
 def marker_matches_command(p: ModelPlan) -> str:
