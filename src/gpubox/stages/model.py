@@ -199,6 +199,9 @@ def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
         )
     if p.source == "modelscope":
         download_tool(config, p.source)
+    else:
+        # hf and url: curl (a minimal Debian has none); apt's lists may be missing this early
+        apt.packages(name="curl for the download", packages=["curl"], update=True, cache_time=3600)
     token = put_token() if p.source == "hf" else False
     script = download_script(
         p, hf_endpoint, catalog["modelscope"]["endpoint"], config.download_stall_s, token
