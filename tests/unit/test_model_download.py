@@ -80,6 +80,8 @@ def test_a_good_download_moves_into_model_dir_and_leaves_nothing_else(hub_server
     result = run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
+    # readable by others (llama-server runs as its own user): the script sets no umask
+    assert (tmp_path / "models" / "tiny.gguf").stat().st_mode & 0o004
     assert sorted(os.listdir(tmp_path / "models")) == ["tiny.gguf", "tiny.gguf.gpubox-verified"]
     assert model_stage.verified(p, state(p))
     (get,) = hub_gets(tmp_path / "requests.jsonl")

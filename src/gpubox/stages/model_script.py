@@ -214,7 +214,8 @@ def download_commands(
         # The token file is removed when this command ends by itself; a stop (a signal) keeps
         # it, for the run that resumes the download (after a reboot: the unit at boot).
         before = (
-            f"umask 077; GPUBOX_AUTH=$(mktemp); export GPUBOX_AUTH; "
+            # mktemp makes the header file 0600 (no umask change: the model must stay readable)
+            "GPUBOX_AUTH=$(mktemp); export GPUBOX_AUTH; "
             f"trap 'rm -f {q(token_file)} \"$GPUBOX_AUTH\"' EXIT; "
             "trap 'rm -f \"$GPUBOX_AUTH\"; trap - EXIT; exit 143' HUP INT TERM; "
         )
