@@ -12,11 +12,15 @@ from gpubox.stages.cuda import cuda
 from gpubox.stages.dcgm import dcgm
 from gpubox.stages.docker import docker
 from gpubox.stages.driver import driver
+from gpubox.stages.model import model_download
 from gpubox.stages.tools import tools
 from gpubox.verify import verify
 
 current_config()
 run_stages(
+    # first: the model's download starts in the background (a systemd unit, enabled until the
+    # file verifies, so the driver's reboot does not stop it); the backend waits for it
+    model_download,
     driver,
     cuda,
     docker,

@@ -46,6 +46,8 @@ def box_data(info):
         "model_repo": info["hub_repo"],
         "model_file": info["model_file"],
         "model_sha256": info["model_sha256"],
+        # the Hub mirror's commit: the download names it (--revision), as the catalog's would
+        "model_revision": info["hub_commit"],
         "model_ctx": 2048,
         "model_parallel": 2,
         "health_timeout": 120,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -73,21 +75,27 @@ def test_the_default_deploy_fetches_the_model_with_hf_through_the_mirror():
     assert f"Download and verify {p.file} (hf): done in" in run.output
 
     log = requests(info)
-    resolve = f"/{p.repo}/resolve/main/{p.file}"
+    # the sandbox inventory pins the mirror's commit (model_revision): hf asks for it by name
+    assert p.revision == info["hub_commit"]
+    resolve = f"/{p.repo}/resolve/{info['hub_commit']}/{p.file}"
     heads = [e for e in log if e["method"] == "HEAD" and e["path"] == resolve]
     gets = [e for e in log if e["method"] == "GET" and e["path"] == resolve]
     assert heads and all(e["status"] == 200 for e in heads), log
     assert [(e["status"], e["bytes"]) for e in gets] == [(200, info["model_size"])], log
-    # pip on the box took huggingface_hub and its dependencies from the PyPI mirror
-    wheels = {e["path"].rsplit("/", 1)[-1] for e in log if e["path"].startswith("/pypi/files/")}
-    assert any(w.startswith("huggingface_hub-") for w in wheels), wheels
-    assert any(w.startswith("hf_xet-") for w in wheels), wheels
-    assert "huggingface_hub" in box_sh(f"{model_stage.HF_VENV}/bin/pip list 2>/dev/null")
+    # the download ran in its own unit, now disabled (nothing starts it at the next boot)
+    unit = f"{model_stage.UNIT}.service"
+    assert box_sh(f"systemctl is-enabled {unit} || true").strip() == "disabled"
 
     assert box_sh(f"sha256sum {p.path}").split()[0] == info["model_sha256"]
     assert box_sh(f"test -e {p.staging} || echo gone") == "gone\n"
     checks = served_checks()
     assert checks.failures == {}, checks.output[-3000:]
+
+    # a re-run with the good file in place starts nothing: no unit start, no download
+    again = deploy_model(())
+    assert again.rc == 0 and not again.failed_hosts, again.output[-3000:]
+    assert not [n for n in again.changed_names if "download" in n.lower()], again.changed_names
+    assert "Start gpubox-model-download" not in again.output
 
 
 def test_a_slowed_down_download_shows_progress_lines():
@@ -130,7 +138,7 @@ def test_an_interrupted_download_is_resumed_with_a_range_request():
     finally:
         set_control(info)
     assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
-    resolve = f"/{p.repo}/resolve/main/{p.file}"
+    resolve = f"/{p.repo}/resolve/{info['hub_commit']}/{p.file}"
     gets = [e for e in requests(info)[before:] if e["method"] == "GET" and e["path"] == resolve]
     assert gets[0]["dropped"] is True and gets[0]["bytes"] == 15_000_000, gets
     resumed = [e for e in gets[1:] if e["status"] == 206 and e["range"]]
@@ -156,6 +164,9 @@ def test_a_wrong_checksum_is_refused_and_leaves_nothing_then_good_bytes_converge
     finally:
         set_control(info)
     assert run.rc != 0 or run.failed_hosts, run.output[-3000:]
+    # the download unit failed; the deploy shows its journal lines, the refusal among them
+    assert f"the model download ({model_stage.UNIT}.service: failed" in run.output
+    assert "its last journal lines" in run.output
     assert f"{p.file} has sha256 {bad}, expected {good}; removed it" in run.output
     # nothing stays: not in model_dir, not in hf's local-dir cache (the staging directory)
     assert box_sh(f"test -e {p.path} || test -e {p.staging} || echo none") == "none\n"
@@ -170,3 +181,58 @@ def test_a_wrong_checksum_is_refused_and_leaves_nothing_then_good_bytes_converge
     assert [n for n in run.changed_names if "(Re)start llama-server" in n]
     checks = served_checks()
     assert checks.failures == {}, checks.output[-3000:]
+
+    # a re-run with the good file in place starts nothing: no unit start, no download
+    again = deploy_model(())
+    assert again.rc == 0 and not again.failed_hosts, again.output[-3000:]
+    assert not [n for n in again.changed_names if "download" in n.lower()], again.changed_names
+    assert "Start gpubox-model-download" not in again.output
+
+
+def test_an_interrupted_download_resumes_and_fetches_only_the_rest():
+    """The download is its own unit: stopping it mid-way (as a reboot would) fails the
+    deploy that waited for it; the next deploy starts it again and hf resumes the partial file
+    it left (curl -C -), so the mirror serves the file about once in all (< 1.2x its size)."""
+    info = demo.box_info()
+    data = large_file(info)
+    p = model_stage.plan(config(*data))
+    size = info["hub_files"][p.file]["size"]
+    box_sh(f"rm -rf {p.path} {p.marker} {p.path}.part")
+    before = len(requests(info))
+    result: dict[str, demo.DeployRun] = {}
+    set_control(info, rate=2_000_000)  # 32 MiB in about 17 s
+    try:
+        worker = threading.Thread(target=lambda: result.update(first=deploy_model(data)))
+        worker.start()
+        # stop the unit once a third of the file is on disk (curl's <file>.part)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            got = box_sh(f"stat -c %s {p.path}.part 2>/dev/null || true").strip()
+            if got.isdigit() and int(got) >= 10 * 2**20:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the download never reached 10 MiB")
+        assert box_sh(f"systemctl is-active {model_stage.UNIT}.service || true").strip() == "active"
+        box_sh(f"systemctl stop {model_stage.UNIT}.service")
+        worker.join(timeout=120)
+    finally:
+        set_control(info)
+    first = result["first"]
+    assert first.rc != 0 or first.failed_hosts, first.output[-3000:]
+    assert "ended without a verified" in first.output, first.output[-3000:]
+    kept = int(box_sh(f"stat -c %s {p.path}.part").strip())
+    assert kept >= 10 * 2**20  # the partial download survived the stop
+
+    second = deploy_model(data)
+    assert second.rc == 0 and not second.failed_hosts, second.output[-3000:]
+    assert box_sh(f"sha256sum {p.path}").split()[0] == p.sha256
+    resolve = f"/{p.repo}/resolve/{info['hub_commit']}/{p.file}"
+    gets = [e for e in requests(info)[before:] if e["method"] == "GET" and e["path"] == resolve]
+    assert len(gets) >= 2, gets
+    assert gets[-1]["status"] == 206 and gets[-1]["range"], gets  # the rest, by a Range
+    assert int(re.fullmatch(r"bytes=(\d+)-", gets[-1]["range"])[1]) >= kept  # type: ignore[index]
+    served = sum(e["bytes"] for e in gets)
+    print(f"resumed download: {served} bytes served for a {size}-byte file ({served / size:.2f}x)")
+    assert served < 1.2 * size, (served, size, gets)
+    box_sh(f"rm -f {p.path} {p.marker}")  # 32 MiB the box does not need

@@ -4,7 +4,11 @@ the size the Hub announces, and that size in the disk check."""
 
 from __future__ import annotations
 
-from conftest import REFERENCE, fresh_box
+from pathlib import Path
+
+import pytest
+from conftest import REFERENCE, fake_host, fresh_box
+from pyinfra.api.command import FileUploadCommand
 
 from gpubox import progress
 from gpubox.config import load_host_config
@@ -14,10 +18,13 @@ ANNOUNCED = "curl -sI --max-time 20 https://huggingface.co/unsloth/"
 
 
 def test_the_download_tool_comes_from_the_catalogs_index(plan_of):
-    plan = plan_of(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
-    (_, pip) = plan.op("Download tool in /opt/gpubox/hf-venv")
+    ms = {**REFERENCE, "model_source": "modelscope"}
+    plan = plan_of(model_stage.model, ms, fresh_box("ubuntu2404"))
+    (_, pip) = plan.op("Download tool in /opt/gpubox/modelscope-venv")
     assert "--index-url https://pypi.org/simple " in pip
-    assert pip.endswith("'huggingface_hub[hf_xet]>=1.0,<2'")
+    # the GGUF from Hugging Face needs no tool: curl resumes it (the vLLM checkpoint uses hf)
+    hf = plan_of(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
+    assert not [n for n in hf.names if "Download tool" in n]
 
 
 def test_a_pypi_mirror_is_a_catalog_override(plan_of):
@@ -31,22 +38,202 @@ def test_a_pypi_mirror_is_a_catalog_override(plan_of):
     assert "--index-url https://mirror.example.org/pypi/simple " in pip
 
 
-def test_the_download_is_a_long_step_with_the_announced_size_as_total(plan_of):
+def uploads(stage, data: dict, answers: dict) -> dict[str, str]:
+    """What the stage's files.put operations would write (destination -> text)."""
+    out = {}
+    with fake_host(data, answers) as fake:
+        stage()
+        for op_hash in fake.state.get_op_order():
+            op = fake.state.get_op_data_for_host(fake.host, op_hash)
+            for command in op.command_generator():
+                if isinstance(command, FileUploadCommand) and hasattr(command.src, "getvalue"):
+                    out[command.dest] = command.src.getvalue()
+    return out
+
+
+def test_the_download_is_a_unit_and_the_backend_waits_for_it_with_progress(plan_of):
     data = {**REFERENCE, "hf_endpoint": "https://hf-mirror.example.org", "model_repo": "me/x"}
     answers = fresh_box(
         "ubuntu2404", **{"curl -sI --max-time 20 https://hf-mirror.example.org/me/x/": "12345678"}
     )
     plan = plan_of(model_stage.model, data, answers)
+    names = plan.names
+    order = [
+        "Model download script",
+        "Model download unit gpubox-model-download",
+        "Reload systemd units (model download)",
+        "Start gpubox-model-download",
+        "Download and verify Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf",
+    ]
+    at = [next(i for i, n in enumerate(names) if want in n) for want in order]
+    assert at == sorted(at), names
+    assert plan.op("Start gpubox-model-download") == [
+        "systemctl start gpubox-model-download.service",
+        "systemctl enable gpubox-model-download.service",
+    ]
     (step,) = plan.op("Download and verify Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf")
     config = load_host_config("b", data)
     p = model_stage.plan(config)
     assert step.startswith("# gpubox long step")
     assert progress.download_probe(p.path, 12345678) in step
-    commands = model_stage.download_commands(
-        p, "https://hf-mirror.example.org", config.catalog["modelscope"]["endpoint"]
+    assert model_stage.wait_command(p) in step
+    # the unit's script: the download (no staging removed first), under the stall watchdog
+    written = uploads(model_stage.model, data, answers)
+    script = written[model_stage.SCRIPT]
+    assert script == model_stage.download_script(
+        p, "https://hf-mirror.example.org", config.catalog["modelscope"]["endpoint"], 120, False
     )
-    assert model_stage.step_command(commands) in step
-    assert "hf download me/x Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf --local-dir " in step
+    url = "https://hf-mirror.example.org/me/x/resolve/main/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf"
+    assert f'-C - -H @"$GPUBOX_AUTH" -o {p.path}.part {url}' in script
+    assert f"rm -f {p.path}.part" not in script.split("_gw_run")[0]  # nothing removed first
+    assert "no new bytes for 120 s (download_stall_s)" in script
+    assert script.endswith(
+        "systemctl disable -q gpubox-model-download.service 2>/dev/null || true\n"
+    )
+
+
+def test_the_unit_is_enabled_low_priority_and_memory_capped(plan_of):
+    data = {**REFERENCE, "download_memory_max": "2G", "download_stall_s": 30}
+    written = uploads(model_stage.model, data, fresh_box("ubuntu2404"))
+    unit = written[model_stage.UNIT_FILE]
+    for line in (
+        "Type=exec",
+        f"ExecStart=/bin/sh {model_stage.SCRIPT}",
+        "Nice=19",
+        "CPUSchedulingPolicy=batch",
+        "IOSchedulingClass=best-effort",
+        "IOSchedulingPriority=7",
+        "MemoryMax=2G",
+        "Restart=no",
+        "WantedBy=multi-user.target",
+        "After=network-online.target",
+        "RequiresMountsFor=/srv/models",
+    ):
+        assert line in unit.splitlines(), (line, unit)
+    assert "LoadCredential" not in unit  # no token in the operator's environment
+    script = written[model_stage.SCRIPT]
+    assert "no new bytes for 30 s (download_stall_s)" in script
+    # no Xet client runs on this path: curl over the resolve URL (see docs/models.md)
+    assert "hf download" not in script and "hf_xet" not in script
+    assert load_host_config("b", REFERENCE).download_memory_max == "4G"  # the default cap
+
+
+def test_the_token_reaches_the_unit_as_a_credential_never_on_a_line(plan_of, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    plan = plan_of(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
+    written = uploads(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
+    unit, script = written[model_stage.UNIT_FILE], written[model_stage.SCRIPT]
+    assert "LoadCredential=hf-token:/root/.cache/gpubox/hf-token" in unit.splitlines()
+    assert "hf_secret_value" not in unit + script + "".join(plan.commands)
+    assert "Environment" not in unit
+    assert '"${CREDENTIALS_DIRECTORY:-/nonexistent}/hf-token"' in script
+    # curl reads it as a header file written by the shell's own printf
+    assert (
+        "printf 'Authorization: Bearer %s\\n' \"$(cat \"${CREDENTIALS_DIRECTORY:-/nonexistent}"
+        '/hf-token")" > "$GPUBOX_AUTH"' in script
+    )
+    assert written["/root/.cache/gpubox/hf-token"] == "hf_secret_value\n"
+    (chmod,) = [c for c in plan.op("HF_TOKEN for this download") if c.startswith("chmod")]
+    assert chmod == "chmod 600 /root/.cache/gpubox/hf-token"
+    # removed when the download ends by itself, kept when it is stopped (the resume needs it)
+    assert "trap 'rm -f /root/.cache/gpubox/hf-token \"$GPUBOX_AUTH\"' EXIT" in script
+    assert "trap 'rm -f \"$GPUBOX_AUTH\"; trap - EXIT; exit 143' HUP INT TERM" in script
+
+
+def test_the_catalog_says_the_gguf_is_unpinned_and_hf_then_asks_for_main(plan_of, caplog):
+    config = load_host_config("b", REFERENCE)
+    entry = config.catalog["models"][config.model]
+    assert entry["revision"] is None and entry["modelscope_revision"] is None
+    p = model_stage.plan(config)
+    assert p.revision is None
+    size = model_stage.remote_size_command(p, "https://huggingface.co")
+    assert size and "/resolve/main/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in size
+    written = uploads(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
+    assert (
+        "/resolve/main/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in written[model_stage.SCRIPT]
+    )
+    assert "is not pinned to a revision" in caplog.text
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"model_revision": COMMIT},
+        {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.revision": COMMIT}},
+    ],
+)
+def test_hf_downloads_and_sizes_the_pinned_commit(plan_of, data, caplog):
+    data = {**REFERENCE, **data}
+    p = model_stage.plan(load_host_config("b", data))
+    assert p.revision == COMMIT
+    size = model_stage.remote_size_command(p, "https://huggingface.co")
+    assert size and f"/resolve/{COMMIT}/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in size
+    written = uploads(model_stage.model, data, fresh_box("ubuntu2404"))
+    assert (
+        f"/resolve/{COMMIT}/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf"
+        in (written[model_stage.SCRIPT])
+    )
+    assert "is not pinned" not in caplog.text
+
+
+def test_modelscope_names_its_own_revision_only_where_the_catalog_has_one():
+    ms = {**REFERENCE, "model_source": "modelscope"}
+    hf_pinned = {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.revision": COMMIT}}
+    # a Hugging Face commit is no ModelScope revision: not passed to modelscope
+    p = model_stage.plan(load_host_config("b", {**ms, **hf_pinned}))
+    assert p.revision is None
+    commands = "".join(model_stage.download_commands(p, "", "https://www.modelscope.cn"))
+    assert "--revision" not in commands
+    pinned = {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.modelscope_revision": "v2"}}
+    p = model_stage.plan(load_host_config("b", {**ms, **pinned}))
+    commands = "".join(model_stage.download_commands(p, "", "https://www.modelscope.cn"))
+    assert "Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf --revision v2 --local_dir" in commands
+    assert model_stage.remote_size_command(p, "") is None
+
+
+def test_a_verified_file_starts_nothing(plan_of):
+    p = model_stage.plan(load_host_config("b", REFERENCE))
+    answers = fresh_box(
+        "ubuntu2404",
+        **{"gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"]},
+    )
+    for stage in (model_stage.model_download, model_stage.model):
+        plan = plan_of(stage, REFERENCE, answers)
+        ops = [n.split(" | ")[-1] for n in plan.names]
+        assert ops in (
+            ["apt-get waits up to 900 s for dpkg's lock", "No HF_TOKEN file left on the box"],
+        ), ops
+        assert not [c for c in plan.commands if "gpubox-model-download" in c]
+
+
+def test_the_early_stage_starts_it_and_the_backend_only_waits(plan_of):
+    """In one run (deploy/full.py: model_download first, the backend last) the unit is
+    written and started once, by the early stage; the backend's model stage waits for it."""
+
+    def both() -> None:
+        model_stage.model_download()
+        model_stage.model()
+
+    plan = plan_of(both, REFERENCE, fresh_box("ubuntu2404"))
+    assert len([n for n in plan.names if "Start gpubox-model-download" in n]) == 1
+    assert len([n for n in plan.names if "Model download script" in n]) == 1
+    assert [n for n in plan.names if "Download and verify" in n]
+    assert (
+        plan.names.index(next(n for n in plan.names if "Start gpubox" in n)) < len(plan.names) - 1
+    )
+    full = (Path(__file__).parents[2] / "deploy" / "full.py").read_text()
+    stages = full.split("run_stages(", 1)[1]
+    assert stages.index("model_download,") < stages.index("driver,") < stages.index("backend,")
+
+
+def test_the_early_stage_leaves_the_vllm_checkpoint_to_the_backend(plan_of):
+    plan = plan_of(
+        model_stage.model_download, {**REFERENCE, "backend": "vllm"}, fresh_box("ubuntu2404")
+    )
+    assert [n.split(" | ")[-1] for n in plan.names] == ["apt-get waits up to 900 s for dpkg's lock"]
 
 
 def test_without_an_announced_size_the_progress_has_no_total(plan_of):

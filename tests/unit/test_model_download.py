@@ -46,15 +46,22 @@ def fake_tool(tmp_path: Path, name: str, body: str) -> Path:
     return venv
 
 
-def run_step(p: model_stage.ModelPlan, hf_venv: Path, ms_venv: Path | None = None):
-    """The stage's commands as the long step runs them (one script, stops at a failure)."""
+def run_step(
+    p: model_stage.ModelPlan,
+    hf_venv: Path | None = None,
+    ms_venv: Path | None = None,
+    hf_endpoint: str = "http://127.0.0.1:9",
+    stall_s: int = 120,
+):
+    """The stage's commands as the unit's script runs them (one script, stops at a failure)."""
     commands = model_stage.download_commands(
         p,
-        "http://127.0.0.1:9",
+        hf_endpoint,
         "http://127.0.0.1:9",
         token_file=str(Path(p.directory).parent / "token"),
-        hf_venv=str(hf_venv),
-        ms_venv=str(ms_venv or hf_venv),
+        hf_venv=str(hf_venv or "/nonexistent"),
+        ms_venv=str(ms_venv or hf_venv or "/nonexistent"),
+        stall_s=stall_s,
     )
     return subprocess.run(
         ["sh", "-c", model_stage.step_command(commands)],
@@ -64,72 +71,105 @@ def run_step(p: model_stage.ModelPlan, hf_venv: Path, ms_venv: Path | None = Non
     )
 
 
-# A fake hf that downloads as hf does: the bytes into a partial file under
-# DIR/.cache/huggingface/download, then moved to DIR/FILE, with a metadata file beside.
-HF_BODY = """
-mkdir -p "$dir/.cache/huggingface/download"
-printf '%s' "$CONTENT" > "$dir/.cache/huggingface/download/x.incomplete"
-mv "$dir/.cache/huggingface/download/x.incomplete" "$dir/tiny.gguf"
-echo "commit etag" > "$dir/.cache/huggingface/download/tiny.gguf.metadata"
-"""
+def hub_gets(log: Path) -> list[dict]:
+    return [e for e in hub.read_log(log) if e["method"] == "GET"]
 
 
-def with_content(content: bytes) -> str:
-    return f"CONTENT='{content.decode()}'\n" + HF_BODY
-
-
-def test_a_good_download_moves_into_model_dir_and_leaves_no_staging(tmp_path):
+def test_a_good_download_moves_into_model_dir_and_leaves_nothing_else(hub_server, tmp_path):
     p = plan(tmp_path / "models")
-    result = run_step(p, fake_tool(tmp_path, "hf", with_content(GOOD)))
+    result = run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
-    assert not Path(p.staging).exists()
+    # readable by others (llama-server runs as its own user): the script sets no umask
+    assert (tmp_path / "models" / "tiny.gguf").stat().st_mode & 0o004
+    assert sorted(os.listdir(tmp_path / "models")) == ["tiny.gguf", "tiny.gguf.gpubox-verified"]
     assert model_stage.verified(p, state(p))
-    args = (tmp_path / "hf-args").read_text().split()
-    assert args[:3] == ["download", "gpubox/tiny-GGUF", "tiny.gguf"]
-    assert args[3:] == ["--local-dir", p.staging]
+    (get,) = hub_gets(tmp_path / "requests.jsonl")
+    assert get["path"] == "/gpubox/tiny-GGUF/resolve/main/tiny.gguf" and get["status"] == 200
 
 
-def test_a_wrong_checksum_is_refused_naming_both_and_nothing_stays(tmp_path):
-    p = plan(tmp_path / "models")
-    result = run_step(p, fake_tool(tmp_path, "hf", with_content(BAD)))
+def test_a_wrong_checksum_is_refused_naming_both_and_nothing_stays(hub_server, tmp_path):
+    """What the backend would load is only ever a verified file: the check runs on the
+    partial file, before the move."""
+    p = plan(tmp_path / "models", sha256=BAD_SHA)
+    result = run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}")
     assert result.returncode == 1
-    assert f"tiny.gguf has sha256 {BAD_SHA}, expected {SHA}; removed it" in result.stderr
-    models = tmp_path / "models"
-    # nothing in model_dir: no model, no marker, no staging (hf's metadata and partials)
-    assert sorted(os.listdir(models)) == []
+    assert f"tiny.gguf has sha256 {SHA}, expected {BAD_SHA}; removed it" in result.stderr
+    assert sorted(os.listdir(tmp_path / "models")) == []
     assert not model_stage.verified(p, state(p))
-    # the next run with good bytes converges
-    result = run_step(p, fake_tool(tmp_path / "again", "hf", with_content(GOOD)))
+    # the next run with the right sha256 converges
+    p = plan(tmp_path / "models")
+    result = run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}")
     assert result.returncode == 0, result.stderr
     assert model_stage.verified(p, state(p))
 
 
-def test_a_bad_file_never_appears_at_the_model_path(tmp_path):
-    """What the backend would load is only ever a verified file: the fake hf looks at the
-    model path while it downloads, and the check runs before the move."""
+def test_an_interrupted_download_is_resumed_not_started_again(hub_server, tmp_path):
+    """What a run cut short left (<file>.part) is resumed with a Range request: the Hub
+    sends only the rest."""
     p = plan(tmp_path / "models")
-    body = (
-        with_content(BAD) + f"[ -e {tmp_path}/models/tiny.gguf ] && echo seen > {tmp_path}/seen\n"
-    )
-    assert run_step(p, fake_tool(tmp_path, "hf", body)).returncode == 1
-    assert not (tmp_path / "seen").exists()
-    assert not (tmp_path / "models" / "tiny.gguf").exists()
-
-
-def test_a_stale_staging_directory_is_cleared_before_hf_runs(tmp_path):
-    """A bad file and hf's metadata left by a run cut short are not taken for a download."""
-    p = plan(tmp_path / "models")
-    stale = Path(p.staging) / ".cache" / "huggingface" / "download"
-    stale.mkdir(parents=True)
-    (Path(p.staging) / "tiny.gguf").write_bytes(BAD)
-    (stale / "tiny.gguf.metadata").write_text("commit etag\n")
-    (stale / "old.incomplete").write_bytes(b"x" * 100)
-    body = f'ls -A "$dir" > {tmp_path}/listing\n' + with_content(GOOD)
-    result = run_step(p, fake_tool(tmp_path, "hf", body))
+    (tmp_path / "models").mkdir()
+    Path(p.path + ".part").write_bytes(GOOD[:1000])
+    result = run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}")
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "listing").read_text() == ""
     assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
+    (get,) = hub_gets(tmp_path / "requests.jsonl")
+    assert (get["status"], get["range"], get["bytes"]) == (206, "bytes=1000-", len(GOOD) - 1000)
+
+
+def test_a_stall_restarts_the_transfer_and_keeps_what_it_had(tmp_path):
+    """The watchdog: a transfer that writes nothing for download_stall_s is killed and run
+    again (the third run, here, completes)."""
+    p = plan(tmp_path / "models", source="modelscope")
+    count = tmp_path / "runs"
+    body = (
+        f"echo run >> {count}\n"
+        f'if [ "$(wc -l < {count})" -lt 3 ]; then mkdir -p "$dir"; sleep 60; fi\n'
+        f"printf '%s' '{GOOD.decode()}' > \"$dir/tiny.gguf\"\n"
+    )
+    ms = fake_tool(tmp_path, "modelscope", body)
+    result = run_step(p, ms_venv=ms, stall_s=2)
+    assert result.returncode == 0, result.stderr
+    assert count.read_text().split() == ["run", "run", "run"]
+    assert result.stdout.count("no new bytes for 2 s (download_stall_s): restarting") == 2
+    assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
+
+
+def test_the_watchdog_gives_up_after_repeated_stalls(tmp_path):
+    p = plan(tmp_path / "models", source="modelscope")
+    ms = fake_tool(tmp_path, "modelscope", 'mkdir -p "$dir"; sleep 60\n')
+    commands = model_stage.download_commands(
+        p, "", "http://127.0.0.1:9", ms_venv=str(ms), stall_s=1
+    )
+    result = subprocess.run(
+        ["sh", "-c", model_stage.step_command(commands)], capture_output=True, text=True, timeout=90
+    )
+    assert result.returncode == 1
+    assert f"stalled {model_stage.model_script.MAX_STALLS} times; giving up" in result.stderr
+    assert "Xet" not in result.stdout  # modelscope has no Xet to turn off
+
+
+def test_hf_and_modelscope_ask_for_the_plans_revision(hub_server, tmp_path):
+    files = {"tiny.gguf": tmp_path / "tiny.gguf", "README.md": tmp_path / "README.md"}
+    commit = hub.make_repo("gpubox/tiny-GGUF", files).commit  # the fixture's repository
+    p = model_plan(tmp_path / "models", sha256=SHA, revision=commit)
+    assert run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}").returncode == 0
+    (get,) = hub_gets(tmp_path / "requests.jsonl")
+    assert get["path"] == f"/gpubox/tiny-GGUF/resolve/{commit}/tiny.gguf"
+    m = model_plan(tmp_path / "ms-models", source="modelscope", sha256=SHA, revision="v1.0")
+    ms = fake_tool(tmp_path, "modelscope", f"printf '%s' '{GOOD.decode()}' > \"$dir/tiny.gguf\"\n")
+    assert run_step(m, ms, ms).returncode == 0
+    assert "tiny.gguf --revision v1.0 --local_dir" in (tmp_path / "modelscope-args").read_text()
+    unpinned = plan(tmp_path / "other", source="modelscope")
+    assert "--revision" not in "".join(model_stage.download_commands(unpinned, "", ""))
+
+
+def test_a_verified_file_is_not_hashed_again(hub_server, tmp_path):
+    """The unit's script at boot, with the marker matching the file: done at once."""
+    p = plan(tmp_path / "models")
+    assert run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}").returncode == 0
+    again = run_step(p)  # no Hub there
+    assert again.returncode == 0 and "is there and verified; kept" in again.stdout
 
 
 def test_modelscope_downloads_through_the_staging_directory_too(tmp_path):
@@ -156,33 +196,28 @@ def state(p: model_stage.ModelPlan) -> str:
 
 # --------------------------------------------------------------------------- progress (G3)
 
-SLOW_HF = """
-mkdir -p "$dir/.cache/huggingface/download"
-part="$dir/.cache/huggingface/download/x.abc.incomplete"
-for i in 1 2 3 4; do head -c 200000 /dev/zero >> "$part"; sleep 1; done
-mv "$part" "$dir/tiny.gguf"
-"""
-
 
 def test_an_hf_download_shows_growing_progress_lines(tmp_path):
-    """The long step with the stage's probe (the staging directory, hf's partial file
-    included), every second: bytes grow from line to line, with the total and an ETA."""
+    """The long step with the stage's probe (the file's .part), every second, against a Hub
+    that sends 200 kB/s: bytes grow from line to line, with the total and an ETA."""
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(b"G" * 800000)
+    repo = hub.make_repo("gpubox/tiny-GGUF", {"tiny.gguf": model})
+    control = tmp_path / "control.json"
+    control.write_text('{"rate": 200000}')
     p = plan(tmp_path / "models", sha256=None)
     p = model_stage.ModelPlan(**{**p.__dict__, "size": 800000})
-    commands = model_stage.download_commands(
-        p,
-        "http://127.0.0.1:9",
-        "",
-        token_file=str(tmp_path / "t"),
-        hf_venv=str(fake_tool(tmp_path, "hf", SLOW_HF)),
-    )
-    script = progress.wrapper_command(
-        model_stage.step_command(commands),
-        progress.download_probe(p.path, 800000),
-        every=1,
-        label="Download and verify tiny.gguf (hf)",
-    )
-    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
+    with serving(hub.handler_class({repo.repo_id: repo}, None, control)) as port:
+        commands = model_stage.download_commands(
+            p, f"http://127.0.0.1:{port}", "", token_file=str(tmp_path / "t")
+        )
+        script = progress.wrapper_command(
+            model_stage.step_command(commands),
+            progress.download_probe(p.path, 800000),
+            every=1,
+            label="Download and verify tiny.gguf (hf)",
+        )
+        result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = [
         line
@@ -195,7 +230,6 @@ def test_an_hf_download_shows_growing_progress_lines(tmp_path):
         if m
     ]
     assert len(sizes) >= 2, result.stdout
-    # growing (the staging directory's own entries count until the file moves out of it)
     assert max(sizes[1:]) > sizes[0], result.stdout
     assert any("ETA" in line for line in lines), result.stdout
     assert (tmp_path / "models" / "tiny.gguf").stat().st_size == 800000
@@ -211,7 +245,9 @@ def hub_server(tmp_path: Path) -> Iterator[int]:
     readme = tmp_path / "README.md"
     readme.write_bytes(b"hello\n")
     repo = hub.make_repo("gpubox/tiny-GGUF", {"tiny.gguf": model, "README.md": readme})
-    with serving(hub.handler_class({repo.repo_id: repo})) as port:
+    with serving(
+        hub.handler_class({repo.repo_id: repo}, None, None, tmp_path / "requests.jsonl")
+    ) as port:
         yield port
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -52,70 +54,85 @@ def hf_plan(directory: Path) -> model_stage.ModelPlan:
     return model_plan(directory, repo="example/tiny-GGUF", sha256=SHA)
 
 
-def fake_hf(tmp_path: Path, body: str) -> tuple[Path, Path]:
-    """A venv whose bin/hf runs ``body`` (after noting whether it got a token); the token
-    file, written as the stage writes it."""
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    hf = venv / "bin" / "hf"
-    hf.write_text(
+def fake_curl(tmp_path: Path, body: str) -> tuple[Path, Path]:
+    """A curl on PATH that runs ``body`` with $out set to its -o path (after noting whether
+    its header file carried the token); the token file, written as the stage writes it."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    curl = shims / "curl"
+    curl.write_text(
         "#!/bin/sh\n"
-        f'[ "$HF_TOKEN" = hf_secret ] && echo yes > {tmp_path}/had-token\n'
-        # hf download REPO FILE --local-dir DIR
-        "dir=$5\n" + body
+        "hdr=; out=\n"
+        'while [ $# -gt 0 ]; do case "$1" in -H) hdr=${2#@};; -o) out=$2;; esac; shift; done\n'
+        f'grep -qx "Authorization: Bearer hf_secret" "$hdr" && echo yes > {tmp_path}/had-token\n'
+        + body
     )
-    hf.chmod(0o755)
+    curl.chmod(0o755)
     token = tmp_path / "cache" / "hf-token"
     token.parent.mkdir()
     token.write_text("hf_secret\n")
     token.chmod(0o600)
-    return venv, token
+    return shims, token
 
 
-def hf_commands(tmp_path: Path, venv: Path, token: Path) -> list[str]:
+def hf_commands(tmp_path: Path, token: Path) -> list[str]:
     p = hf_plan(tmp_path / "models")
-    return model_stage.download_commands(
-        p, "https://hf.example.org", "", token_file=str(token), hf_venv=str(venv)
-    )
+    return model_stage.download_commands(p, "https://hf.example.org", "", token_file=str(token))
 
 
 def test_the_token_file_is_removed_when_the_download_fails(tmp_path):
-    venv, token = fake_hf(tmp_path, 'echo "503 Service Unavailable" >&2; exit 1\n')
-    commands = hf_commands(tmp_path, venv, token)
+    shims, token = fake_curl(tmp_path, 'echo "503 Service Unavailable" >&2; exit 22\n')
+    commands = hf_commands(tmp_path, token)
     assert "hf_secret" not in " ".join(commands)
-    result = run(commands)
-    assert result.returncode == 1 and "503 Service Unavailable" in result.stderr
+    result = run(commands, shims)
+    assert result.returncode == 22 and "503 Service Unavailable" in result.stderr
+    assert "the transfer failed 3 times (exit status 22)" in result.stderr
     assert (tmp_path / "had-token").read_text() == "yes\n"  # the download got the token
     assert not token.exists()
     assert not (tmp_path / "models" / "tiny.gguf.gpubox-verified").exists()
 
 
-def test_the_token_file_is_removed_when_the_download_is_killed(tmp_path):
-    # SIGTERM to the download command's shell while hf runs (an interrupted deploy)
-    venv, token = fake_hf(tmp_path, "kill -TERM $PPID; sleep 1; exit 0\n")
-    result = run(hf_commands(tmp_path, venv, token))
-    assert result.returncode != 0
-    assert not token.exists()
+def test_a_stopped_download_keeps_the_token_for_its_resume_but_not_the_header(tmp_path):
+    """SIGTERM to the download's shell (the unit stopped, the box shutting down): the token
+    file stays for the run that resumes it (the unit at boot, or the next deploy); the header
+    file with the token in it goes."""
+    body = f"echo $$ > {tmp_path}/curl-pid; sleep 30\n"
+    shims, token = fake_curl(tmp_path, body)
+    mkdir, command, _ = hf_commands(tmp_path, token)
+    os.makedirs(tmp_path / "models")
+    env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(["sh", "-c", command], env=env)
+    try:
+        for _ in range(100):
+            if (tmp_path / "curl-pid").exists() and (tmp_path / "had-token").exists():
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 143
+    finally:
+        pid = (tmp_path / "curl-pid").read_text().strip()
+        subprocess.run(["kill", pid], check=False)
+    assert token.exists()
+    assert [f.name for f in tmp_path.glob("tmp.*")] == []  # the header file (mktemp) is gone
 
 
 def test_the_token_file_is_removed_after_a_good_download(tmp_path):
-    body = f"printf '%s' '{GOOD.decode()}' > \"$dir/tiny.gguf\"\n"
-    venv, token = fake_hf(tmp_path, body)
-    result = run(hf_commands(tmp_path, venv, token))
+    shims, token = fake_curl(tmp_path, f"printf '%s' '{GOOD.decode()}' > \"$out\"\n")
+    result = run(hf_commands(tmp_path, token), shims)
     assert result.returncode == 0, result.stderr
     assert not token.exists()
     assert model_stage.verified(hf_plan(tmp_path / "models"), state(hf_plan(tmp_path / "models")))
 
 
 def test_the_token_file_is_removed_when_the_file_was_intact(tmp_path):
-    venv, token = fake_hf(tmp_path, "echo called > $dir/../hf-called; exit 1\n")
+    shims, token = fake_curl(tmp_path, f"echo called > {tmp_path}/curl-called; exit 1\n")
     models = tmp_path / "models"
     models.mkdir()
     (models / "tiny.gguf").write_bytes(GOOD)  # there, but no marker: verified again, kept
-    result = run(hf_commands(tmp_path, venv, token))
+    result = run(hf_commands(tmp_path, token), shims)
     assert result.returncode == 0, result.stderr
     assert "tiny.gguf is there and verifies; kept" in result.stdout
-    assert not (tmp_path / "hf-called").exists() and not token.exists()
+    assert not (tmp_path / "curl-called").exists() and not token.exists()
 
 
 # --------------------------------------------------------------------------- repair (H)

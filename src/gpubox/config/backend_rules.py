@@ -3,6 +3,7 @@ llama.cpp's pinned source, per-slot context and split modes."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,7 @@ def backend_problems(
                     severity="warning",
                 )
             )
+    problems += _download_problems(host, values, valid)
     quantization = values["model_quantization"] or model["quantization"]
     vllm_version = ""
     if values["backend"] == "vllm":
@@ -109,6 +111,48 @@ def backend_problems(
                     f"{values['model']} with context {values['model_ctx']} needs about "
                     f"{need_mib / 1024:.0f} GiB of GPU memory; {values['gpu_count']}x {gpu.name} "
                     f"have {have_mib / 1024:.0f} GiB usable: lower model_ctx",
+                )
+            )
+    return problems
+
+
+# systemd's MemoryMax=: bytes with an optional K, M, G or T suffix (infinity: no cap)
+MEMORY_MAX = re.compile(r"[1-9][0-9]*[KMGT]?|infinity")
+# a revision as both hubs take it: a commit, a branch or a tag, no spaces or shell characters
+REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+
+
+def _download_problems(
+    host: str, values: dict[str, Any], valid: Callable[..., bool]
+) -> list[Problem]:
+    """The model download's own keys (gpubox.stages.model)."""
+    problems = []
+    memory = values.get("download_memory_max")
+    if valid("download_memory_max") and memory is not None and not MEMORY_MAX.fullmatch(memory):
+        problems.append(
+            Problem(
+                host,
+                "download_memory_max",
+                f"must be bytes with an optional K, M, G or T suffix (or infinity), got {memory!r}",
+            )
+        )
+    revision = values.get("model_revision")
+    if valid("model_revision") and revision is not None:
+        if not REVISION.fullmatch(revision) or ".." in revision:
+            problems.append(
+                Problem(
+                    host,
+                    "model_revision",
+                    f"must be a commit, branch or tag name, got {revision!r}",
+                )
+            )
+        elif valid("model_source") and values["model_source"] == "url":
+            problems.append(
+                Problem(
+                    host,
+                    "model_revision",
+                    "is not used with model_source 'url' (model_url is)",
+                    severity="warning",
                 )
             )
     return problems

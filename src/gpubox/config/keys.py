@@ -234,6 +234,28 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("model_file", str, None, "the file's name (default: the catalog's)"),
     Key("model_sha256", str, None, "the file's sha256 (default: the catalog's)"),
+    Key(
+        "model_revision",
+        str,
+        None,
+        "the revision to download model_file at: a Hugging Face commit with model_source "
+        "'hf', a ModelScope revision with 'modelscope' (default: the catalog's; main when "
+        "it has none)",
+    ),
+    Key(
+        "download_stall_s",
+        int,
+        120,
+        "the model download's stall watchdog: no new bytes for this long restarts the "
+        "transfer (hf: with Xet off after 2 stalls)",
+        min=5,
+    ),
+    Key(
+        "download_memory_max",
+        str,
+        "4G",
+        "the model download unit's memory cap (systemd MemoryMax=: bytes, K/M/G/T suffix)",
+    ),
     Key("model_dir", str, "/srv/models", "where models are kept on the box"),
     Key(
         "model_quantization",

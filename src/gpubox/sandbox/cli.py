@@ -1,6 +1,6 @@
 """``gpubox sandbox``: bring the local stand-in box up and down, and reach it.
 
-gpubox sandbox up [--rebuild] [--boxes N]
+gpubox sandbox up [--rebuild] [--boxes N] [--download-rate BYTES_PER_S]
                                   build/boot the box, or boxes 1 to N (N up to 4)
 gpubox sandbox down               power every box off; nothing is left running
 gpubox sandbox status             whether each box is up, and how to reach it
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from gpubox.sandbox import box
+from gpubox.sandbox import box, serve
 
 
 def _command(words: Sequence[str]) -> list[str]:
@@ -56,6 +56,7 @@ def _print_facts(info: dict[str, object]) -> None:
         "model_url",
         "model_sha256",
         "model_size",
+        "download_rate",
         "ccache_dir",
         "ccache_host_dir",
         "check_image",
@@ -117,6 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"boot boxes 1 to N (at most {box.MAX_BOXES}); box 1 is the reference box, "
         "box 2 has one Tesla T4 and no NVLink",
     )
+    up.add_argument(
+        "--download-rate",
+        type=int,
+        metavar="BYTES_PER_S",
+        help="cap every response body of the servers the sandbox runs itself (the Hub and "
+        "PyPI mirror, the stand-in repositories, the URL server) at this rate; recorded in "
+        "box.json as download_rate (Debian's mirror is bridged and stays unthrottled); takes "
+        "effect when the servers start (after `down`)",
+    )
     sub.add_parser("down", help="power every box off and remove what up started")
     st = sub.add_parser("status", help="whether the box is up, and its connection facts")
     st.add_argument("--json", action="store_true")
@@ -155,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.action == "up":
+            if args.download_rate is not None:
+                if args.download_rate < serve.MIN_RATE:
+                    parser.error(f"--download-rate must be at least {serve.MIN_RATE} bytes/s")
+                # the servers inherit it (gpubox.sandbox.serve.download_rate)
+                os.environ[serve.RATE_ENV] = str(args.download_rate)
             infos = box.up_boxes(args.boxes, rebuild=args.rebuild)
             if args.json:
                 document = infos[0] if len(infos) == 1 else {"boxes": infos}

@@ -58,7 +58,14 @@ from typing import Any
 
 from gpubox.sandbox.common import HUB_PORT
 from gpubox.sandbox.pypi import SimpleIndex
-from gpubox.sandbox.serve import StderrLog, file_arguments, parse_range, serve_until_stopped
+from gpubox.sandbox.serve import (
+    StderrLog,
+    download_rate,
+    file_arguments,
+    paced_write,
+    parse_range,
+    serve_until_stopped,
+)
 
 REPO_ID = "gpubox/tiny-GGUF"  # where the sandbox's tiny model is published
 REVISION = "main"
@@ -376,6 +383,7 @@ class HubHandler(StderrLog):
         control = self.control.read()
         rate = control.get("rate")
         rate = max(MIN_RATE, int(rate)) if isinstance(rate, int | float) and rate > 0 else None
+        rate = rate or download_rate()  # the test's rate, else the sandbox's (--download-rate)
         corrupt = control.get("corrupt") is True
         drop = self.control.take_drop() if "drop_after" in control else None
         flip = f.size // 2  # the one byte a corrupt download alters
@@ -450,7 +458,7 @@ class HubHandler(StderrLog):
             self.send_header(name, value)
         self.end_headers()
         if body and data:
-            self.wfile.write(data)
+            paced_write(self.wfile.write, data, download_rate())
             self._entry["bytes"] = len(data)
 
     def _error(
@@ -557,6 +565,9 @@ def prepare(
         "hub_large_file": LARGE_FILE,
         "hub_control": str(control),
         "hub_request_log": str(request_log),
+        # gpubox sandbox up --download-rate (0: unthrottled); every server the sandbox runs
+        # itself caps its response bodies at it
+        "download_rate": download_rate() or 0,
         "pypi_index_url": f"{server}{PYPI_PREFIX}simple",
         "pypi_wheels": str(wheels),
     }

@@ -73,7 +73,14 @@ from typing import Any
 
 from gpubox import catalog
 from gpubox.sandbox import debian_real, standin
-from gpubox.sandbox.serve import StderrLog, file_arguments, parse_range, serve_until_stopped
+from gpubox.sandbox.serve import (
+    StderrLog,
+    download_rate,
+    file_arguments,
+    paced_copy,
+    parse_range,
+    serve_until_stopped,
+)
 
 PACKAGES_DIR = Path(__file__).parent / "packages"
 DISTRO = "debian12"
@@ -1333,6 +1340,10 @@ class _Handler(StderrLog, http.server.SimpleHTTPRequestHandler):
     # URL path (no leading slash) -> a file served there from outside the root (the llama.cpp
     # tarball and the tiny model live in caches of their own)
     files: dict[str, str] = {}
+
+    def copyfile(self, source: Any, outputfile: Any) -> None:
+        """The body, at the sandbox's --download-rate when it has one (gpubox.sandbox.serve)."""
+        paced_copy(source, outputfile.write, download_rate())
 
     def translate_path(self, path: str) -> str:
         url_path = urllib.parse.unquote(urllib.parse.urlsplit(path).path).lstrip("/")

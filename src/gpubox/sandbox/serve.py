@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import signal
 import sys
@@ -20,6 +21,47 @@ from typing import Any
 from gpubox.sandbox.common import process_start_time
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+# `gpubox sandbox up --download-rate BYTES_PER_S`: the environment the sandbox's own servers
+# (the Hub and PyPI mirror, the stand-in repositories and the URL server) inherit; each caps
+# every response body at this rate (Debian's mirror is bridged, not served, and stays as is).
+RATE_ENV = "GPUBOX_SANDBOX_DOWNLOAD_RATE"
+MIN_RATE = 1024
+
+
+def download_rate() -> int | None:
+    """The rate the sandbox was brought up with (bytes per second), None when unthrottled."""
+    value = os.environ.get(RATE_ENV, "")
+    return max(MIN_RATE, int(value)) if value.isdigit() and int(value) > 0 else None
+
+
+def paced_write(write: Callable[[bytes], Any], data: bytes, rate: int | None) -> None:
+    """``data`` through ``write``, at most ``rate`` bytes per second (all at once when None)."""
+    if rate is None:
+        write(data)
+        return
+    chunk = max(1024, min(64 * 1024, rate // 8))
+    began = time.monotonic()
+    for sent in range(0, len(data), chunk):
+        write(data[sent : sent + chunk])
+        ahead = (sent + chunk) / rate - (time.monotonic() - began)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def paced_copy(source: Any, write: Callable[[bytes], Any], rate: int | None) -> int:
+    """A file object's bytes through ``write``, at most ``rate`` bytes per second."""
+    chunk = 64 * 1024 if rate is None else max(1024, min(64 * 1024, rate // 8))
+    sent = 0
+    began = time.monotonic()
+    while data := source.read(chunk):
+        write(data)
+        sent += len(data)
+        if rate is not None:
+            ahead = sent / rate - (time.monotonic() - began)
+            if ahead > 0:
+                time.sleep(ahead)
+    return sent
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:

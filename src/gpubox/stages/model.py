@@ -1,81 +1,71 @@
 """Stage: the model file, downloaded on the box into model_dir (Hugging Face or a mirror,
-ModelScope, or a plain HTTPS URL), resumable, verified (sha256 where known, size otherwise)
-and skipped when it is already there and verified.
+ModelScope, or a plain HTTPS URL) in the background, resumed, verified (sha256 where known,
+size otherwise) and skipped when it is already there and verified (docs/models.md).
+
+The download is a systemd unit (gpubox-model-download, running a script this stage writes:
+gpubox.stages.model_script), started by the early stage `model_download` before the driver,
+and enabled until the file verifies, so that it goes on after the driver's reboot. The backend
+stage's `model` waits for it as a long step (bytes, rate, ETA) where the server needs the file,
+and fails with the unit's last journal lines when it failed. A re-run with a verified file
+starts nothing. Nothing is removed before a transfer: hf resumes its partial file under the
+staging directory, curl its ``.part`` (-C -); a stall watchdog restarts a transfer that gets
+no bytes for ``download_stall_s`` (hf with Xet off after two stalls); MemoryMax caps it.
+
+hf downloads name the catalog's commit (``revision``, or model_revision), modelscope its own
+revision where the catalog has one; unpinned, hf asks for main and the deploy warns.
 
 What was verified is recorded next to the file (``<file>.gpubox-verified``) with the file's
 size and mtime then; when they differ now (the file truncated, rewritten or gone), the file
-is verified again, and downloaded again when it does not verify. The Hugging Face token file
-is removed however the download command ends.
+is verified again, and downloaded again when it does not verify. The Hugging Face token
+reaches the unit as a credential from a root-only file, removed when the download ends.
 
 The hf and modelscope tools download into a staging directory beside the file
 (``<model_dir>/<file>.incomplete/``); the file moves into model_dir only once it verifies, so
 the backend never sees a file that does not. A file that does not verify is refused with both
 sha256s, and the staging directory (the tool's own cache of the download, its metadata
 included) is removed with it. The tools are installed with pip from catalog
-``pypi.index_url`` (a PyPI mirror is an override of it). The download runs as a long step:
-a progress line (bytes, rate, ETA when the size is known) at least every 15 s.
+``pypi.index_url`` (a PyPI mirror is an override of it).
 
 With the vLLM backend the model is a whole Hugging Face repository (the catalog's
-``vllm_repo``): `vllm_checkpoint` downloads it with the same hf tool, as a long step too, into
-``<model_dir>/<org>--<name>/`` before vLLM starts (gpubox.stages.checkpoint)."""
+``vllm_repo``): `vllm_checkpoint` downloads it with the same hf tool, as a long step in the
+backend stage (not yet in the background), into ``<model_dir>/<org>--<name>/`` before vLLM
+starts (gpubox.stages.checkpoint)."""
 
 from __future__ import annotations
 
 import os
 import shlex
-import urllib.parse
 from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import apt, files, server, systemd
 
 from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import as_file, checkpoint, current_config
+from gpubox.stages import ManagedFiles, as_file, checkpoint, current_config, model_script, units
+
+# The download's shell (gpubox.stages.model_script), under the names the stage's users know.
+HF_QUIET = model_script.HF_QUIET
+STAT_FORMAT = model_script.STAT_FORMAT
+ModelPlan = model_script.ModelPlan
+matches_command = model_script.matches_command
+verify_command = model_script.verify_command
+UNIT = model_script.UNIT
+UNIT_FILE = model_script.UNIT_FILE
+SCRIPT = model_script.SCRIPT
+download_commands = model_script.download_commands
+marker_matches_command = model_script.marker_matches_command
+download_script = model_script.download_script
+unit_text = model_script.unit_text
+wait_command = model_script.wait_command
+step_command = model_script.step_command
 
 # The paths under the names the tests use.
 HF_VENV = layout.HF_VENV
 TOKEN_FILE = layout.HF_TOKEN_FILE
-# huggingface_hub's own progress bars stay off (the long step reports progress), and so do the
-# CLI's update check and telemetry (calls to pypi.org and the Hub that a mirror does not serve).
-HF_QUIET = "HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1"
 PROGRESS_EVERY = 10
-# What the marker records of the file it verified (GNU stat): a truncated or rewritten file
-# no longer matches it, so the next deploy verifies it again.
-STAT_FORMAT = "size=%s mtime=%Y"
-
-
-@dataclass(frozen=True)
-class ModelPlan:
-    source: str
-    repo: str
-    file: str
-    url: str | None
-    sha256: str | None
-    size: int | None
-    directory: str
-
-    @property
-    def path(self) -> str:
-        return f"{self.directory}/{self.file}"
-
-    @property
-    def stamp(self) -> str:
-        """What a verified download records next to the file (then the file's STAT_FORMAT)."""
-        return f"sha256={self.sha256}" if self.sha256 else f"size={self.size}"
-
-    @property
-    def marker(self) -> str:
-        return f"{self.path}.gpubox-verified"
-
-    @property
-    def staging(self) -> str:
-        """Where hf and modelscope download (their --local-dir): beside the file, so on the
-        same filesystem (the move into place is a rename), and named so that
-        ``progress.download_probe(path)`` counts it with the file and curl's ``.part``."""
-        return f"{self.path}.incomplete"
 
 
 def plan(config: HostConfig) -> ModelPlan:
@@ -87,6 +77,12 @@ def plan(config: HostConfig) -> ModelPlan:
     name = config.model_file or model["file"]
     catalog_file = name == model["file"]
     sha256 = config.model_sha256 or (model["sha256"] if catalog_file else None)
+    # The catalog's revision belongs to its own file in its own repository (the sha256 was
+    # taken at that commit); model_revision names one for any.
+    catalog_revision = model.get("modelscope_revision" if source == "modelscope" else "revision")
+    revision = config.model_revision or (
+        catalog_revision if catalog_file and not config.model_repo else None
+    )
     return ModelPlan(
         source=source,
         repo=repo,
@@ -95,104 +91,8 @@ def plan(config: HostConfig) -> ModelPlan:
         sha256=sha256 or None,
         size=(model.get("size") or None) if catalog_file else None,
         directory=config.model_dir,
+        revision=(revision or None) if source != "url" else None,
     )
-
-
-def matches_command(p: ModelPlan, path: str) -> str:
-    """A shell condition: true when ``path`` is the file the plan names (sha256 where known,
-    size otherwise; any regular file when neither is known)."""
-    q = shlex.quote
-    if p.sha256:
-        return f'[ "$(sha256sum {q(path)} 2>/dev/null | cut -d" " -f1)" = {q(p.sha256)} ]'
-    if p.size:
-        return f'[ "$(stat -c %s {q(path)} 2>/dev/null)" = {p.size} ]'
-    return f"[ -f {q(path)} ]"
-
-
-def verify_command(p: ModelPlan, path: str, remove: bool = False, also: str = "") -> str:
-    """Exit 1 naming what is wrong unless ``path`` verifies; with ``remove``, a file that does
-    not verify is removed (a bad partial download must not be resumed forever), and ``also``
-    (a directory: the download tool's staging directory) with it."""
-    q = shlex.quote
-    gone = f"rm -f {q(path)}; " if remove else ""
-    if remove and also:
-        gone += f"rm -rf {q(also)}; "
-    note = "; removed it" if remove else ""
-    if p.sha256:
-        return (
-            f'got=$(sha256sum {q(path)} | cut -d" " -f1); if [ "$got" != {q(p.sha256)} ]; then '
-            f'{gone}echo "gpubox: {p.file} has sha256 $got, expected {p.sha256}{note}" >&2; '
-            "exit 1; fi"
-        )
-    if p.size:
-        return (
-            f'got=$(stat -c %s {q(path)}); if [ "$got" != {p.size} ]; then '
-            f'{gone}echo "gpubox: {p.file} has $got bytes, expected {p.size}{note}" >&2; '
-            "exit 1; fi"
-        )
-    return "true"
-
-
-def download_commands(
-    p: ModelPlan,
-    hf_endpoint: str,
-    ms_endpoint: str,
-    token_file: str = layout.HF_TOKEN_FILE,
-    hf_venv: str = layout.HF_VENV,
-    ms_venv: str = layout.MODELSCOPE_VENV,
-) -> list[str]:
-    """mkdir; then, in one command: the marker removed, the file kept when it verifies,
-    else removed and downloaded (resuming where the tool can) and verified; then the marker
-    written with the file's size and mtime. Each command stops at its first failure."""
-    q = shlex.quote
-    d = q(p.directory)
-    path = q(p.path)
-    stage = q(p.staging)
-    staged = q(f"{p.staging}/{p.file}")
-    # hf and modelscope: a fresh staging directory; the file moves into model_dir once it
-    # verifies; a file that does not is removed with the whole staging directory (hf's
-    # metadata there would otherwise take the bad file for a finished download).
-    into_place = (
-        f"; {verify_command(p, p.staging + '/' + p.file, remove=True, also=p.staging)}"
-        f'; mkdir -p "$(dirname {path})"; mv {staged} {path}; rm -rf {stage}'
-    )
-    before = ""
-    if p.source == "url":
-        assert p.url
-        part = q(p.path + ".part")
-        # -C -: resume a partial download after an interruption
-        fetch = (
-            f"curl -fL --retry 10 --retry-delay 5 -C - -o {part} {q(p.url)}; "
-            + verify_command(p, p.path + ".part", remove=True)
-            + f"; mv {part} {path}"
-        )
-    elif p.source == "hf":
-        # The token file is removed however this command ends: success, failure or a signal.
-        before = f"trap 'rm -f {q(token_file)}' EXIT; trap 'exit 1' HUP INT TERM; "
-        token = f"$( [ -s {q(token_file)} ] && cat {q(token_file)} )"
-        # hf download asks HF_ENDPOINT for the file's metadata (HEAD .../resolve/main/FILE)
-        # and then its bytes; a broken connection is resumed with a Range request (five times
-        # in one run). It keeps its partial file and metadata under the staging directory.
-        fetch = (
-            f"rm -rf {stage}; mkdir -p {stage}; "
-            f"HF_ENDPOINT={q(hf_endpoint)} HF_TOKEN={token} {HF_QUIET} {hf_venv}/bin/hf download "
-            f"{q(p.repo)} {q(p.file)} --local-dir {stage}" + into_place
-        )
-    else:
-        fetch = (
-            f"rm -rf {stage}; mkdir -p {stage}; "
-            f"MODELSCOPE_DOMAIN={q(ms_endpoint)} {ms_venv}/bin/modelscope download --model "
-            f"{q(p.repo)} {q(p.file)} --local_dir {stage}" + into_place
-        )
-    return [
-        f"mkdir -p {d}",
-        before
-        + f"set -e; rm -f {q(p.marker)}; "
-        + f"if [ -f {path} ] && {matches_command(p, p.path)}; then "
-        f'echo "gpubox: {p.file} is there and verifies; kept"; '
-        f"else rm -f {path}; {fetch}; fi",
-        f"printf '%s %s\\n' {q(p.stamp)} \"$(stat -c {q(STAT_FORMAT)} {path})\" > {q(p.marker)}",
-    ]
 
 
 def verified(p: ModelPlan, state: str) -> bool:
@@ -224,10 +124,11 @@ _SIZE_AWK = (
 def remote_size_command(p: ModelPlan, hf_endpoint: str) -> str | None:
     """A shell command that prints the file's size as its server announces it (nothing when
     unknown): for hf, the Hub's ``X-Linked-Size`` (an LFS file, answered with a redirect) or
-    the ``Content-Length`` of a 200 to ``HEAD .../resolve/main/FILE``; for a URL, the final
-    response's ``Content-Length`` after redirects. None for modelscope (no such call)."""
+    the ``Content-Length`` of a 200 to ``HEAD .../resolve/REVISION/FILE`` (main unpinned);
+    for a URL, the final response's ``Content-Length`` after redirects. None for modelscope
+    (no such call)."""
     if p.source == "hf":
-        url = f"{hf_endpoint.rstrip('/')}/{p.repo}/resolve/main/{urllib.parse.quote(p.file)}"
+        url = model_script.hf_resolve_url(p, hf_endpoint)
         flags = "-sI"
     elif p.source == "url" and p.url:
         url, flags = p.url, "-sIL"
@@ -247,16 +148,27 @@ def model_state_command(p: ModelPlan) -> str:
     )
 
 
-@deploy("Model")
-def model():
-    """The model on the box; returns the download operation (None when nothing to do)."""
-    config = current_config()
-    preflight.run(config)
-    if config.backend == "none":
-        return None
-    if config.backend == "vllm":
-        return vllm_checkpoint(config)
-    p = plan(config)
+@dataclass
+class _Begun:
+    """What the first stage of a run that plans the download found (per host)."""
+
+    total: int | None
+    verified: bool
+
+
+# Per pyinfra state and host: the download planned already in this run (the early stage
+# model_download, then the backend's model stage, which only waits for it).
+_begun: dict[object, dict[str, _Begun]] = {}
+
+
+def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
+    """Plan the background download of ``p`` once per run: nothing when the marker says the
+    file verified as it is (no unit started, no operation but the token file's removal); else
+    the disk check, the tool, the token, the script and unit written, the unit enabled and
+    started (restarted when its script or unit changed: the partial download is kept)."""
+    done = _begun.setdefault(host.state, {})
+    if host.name in done:
+        return done[host.name]
     state = host.get_fact(CommandOutput, command=model_state_command(p))
     if verified(p, state):
         if p.source == "hf":
@@ -264,7 +176,8 @@ def model():
             files.file(
                 name="No HF_TOKEN file left on the box", path=layout.HF_TOKEN_FILE, present=False
             )
-        return None
+        done[host.name] = _Begun(None, True)
+        return done[host.name]
     catalog = config.catalog
     hf_endpoint = config.hf_endpoint or catalog["hf"]["endpoint"]
     # The file's size: the catalog's, else what its server announces (the progress lines' total
@@ -278,26 +191,80 @@ def model():
     model_entry = catalog["models"][config.model]
     need = total or (model_entry["weights_gib"] * 2**30 if p.file == model_entry["file"] else 0)
     refuse_without_space(p.directory, need - present_size(state), p.file)
-    if p.source in ("hf", "modelscope"):
+    if p.source in ("hf", "modelscope") and not p.revision:
+        logger.warning(
+            f"{host.name}: {p.file} is not pinned to a revision (no commit is recorded for "
+            f"its sha256): downloading {'main' if p.source == 'hf' else 'the default revision'}; "
+            "the sha256 still refuses other bytes (model_revision pins one)"
+        )
+    if p.source == "modelscope":
         download_tool(config, p.source)
-    if p.source == "hf":
-        put_token()
-    logger.info(f"{host.name}: downloading {p.file} into {p.directory}; large models take long")
+    else:
+        # hf and url: curl (a minimal Debian has none); apt's lists may be missing this early
+        apt.packages(name="curl for the download", packages=["curl"], update=True, cache_time=3600)
+    token = put_token() if p.source == "hf" else False
+    script = download_script(
+        p, hf_endpoint, catalog["modelscope"]["endpoint"], config.download_stall_s, token
+    )
+    managed = ManagedFiles(
+        {SCRIPT: script, UNIT_FILE: unit_text(p, config.download_memory_max, token)}
+    )
+    script_op = managed.put("Model download script", SCRIPT)
+    unit_op = managed.put(f"Model download unit {UNIT}", UNIT_FILE)
+    units.reload_units(unit_op, label="model download")
+    logger.info(f"{host.name}: downloading {p.file} into {p.directory} in the background ({UNIT})")
+    start = systemd.service(
+        name=f"Start {UNIT} (enabled until the file verifies: it resumes after a reboot)",
+        service=f"{UNIT}.service",
+        running=True,
+        enabled=True,
+    )
+    units.restart_on_change(
+        f"{UNIT}.service",
+        f"Restart {UNIT} with its new script or unit (the partial download is kept)",
+        script_op,
+        unit_op,
+        unless=start,
+    )
+    done[host.name] = _Begun(total, False)
+    return done[host.name]
+
+
+@deploy("Model download")
+def model_download():
+    """The early stage (before the driver): the GGUF's download started in the background as
+    soon as the box has disk, network and the download tool; the backend stage waits for it
+    where the server needs the file. The vLLM checkpoint still downloads in the backend."""
+    config = current_config()
+    preflight.run(config)
+    if config.backend != "llamacpp":
+        return None
+    begin_download(config, plan(config))
+    return None
+
+
+@deploy("Model")
+def model():
+    """The model on the box; returns the operation that waited for its download (None when
+    nothing was to do)."""
+    config = current_config()
+    preflight.run(config)
+    if config.backend == "none":
+        return None
+    if config.backend == "vllm":
+        return vllm_checkpoint(config)
+    p = plan(config)
+    begun = begin_download(config, p)
+    if begun.verified:
+        return None
     return progress.long_step(
         name=f"Download and verify {p.file} ({p.source})",
-        command=step_command(download_commands(p, hf_endpoint, catalog["modelscope"]["endpoint"])),
+        command=wait_command(p),
         # the file, curl's <file>.part, and the staging directory <file>.incomplete/ with
         # hf's partial download (.cache/huggingface/download/*.incomplete) in it
-        probe=progress.download_probe(p.path, total),
+        probe=progress.download_probe(p.path, begun.total),
         every=PROGRESS_EVERY,
     )
-
-
-def step_command(commands: list[str]) -> str:
-    """``download_commands`` as one script that stops at the first failure, as pyinfra runs a
-    list of commands. Each runs in a subshell of its own (its traps and ``set -e`` stay its
-    own) as a plain statement of a ``set -e`` script, so ``set -e`` holds inside it too."""
-    return "set -e\n" + "".join(f"(\n{command}\n)\n" for command in commands)
 
 
 def refuse_without_space(directory: str, need: int, what: str) -> None:
@@ -328,7 +295,14 @@ def download_tool(config: HostConfig, source: str) -> None:
         if source == "hf"
         else (layout.MODELSCOPE_VENV, catalog["modelscope"]["requirement"])
     )
-    apt.packages(name="python3-venv for the download tool", packages=["python3-venv"])
+    # The download starts first in a deploy, before any stage refreshed apt's lists (a fresh
+    # box may have none): refresh them when older than an hour, only when the tool is needed.
+    apt.packages(
+        name="python3-venv for the download tool",
+        packages=["python3-venv"],
+        update=True,
+        cache_time=3600,
+    )
     server.shell(
         name=f"Download tool in {venv}",
         commands=[
@@ -339,9 +313,9 @@ def download_tool(config: HostConfig, source: str) -> None:
     )
 
 
-def put_token() -> None:
+def put_token() -> bool:
     """HF_TOKEN, when the operator's environment has one, to a root-only file (never onto a
-    command line); the download command removes it however it ends."""
+    command line); the download removes it when it ends. Whether there is one."""
     token = os.environ.get("HF_TOKEN")
     if token:
         files.put(
@@ -350,6 +324,7 @@ def put_token() -> None:
             dest=layout.HF_TOKEN_FILE,
             mode="0600",
         )
+    return bool(token)
 
 
 def vllm_checkpoint(config: HostConfig):
