@@ -58,6 +58,7 @@ demo-down: venv
 
 bench: venv host-packages
 	$(PY) benchmarks/deploy_timing.py
+	$(PY) benchmarks/time_to_serving.py
 
 clean:
 	-$(BIN)/gpubox sandbox down
