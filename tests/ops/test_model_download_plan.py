@@ -254,3 +254,19 @@ def test_the_disk_check_counts_the_announced_size(plan_of):
     )
     with pytest.raises(DeployRefused, match=r"has 60\.0 GiB free; .* needs 70\.0 GiB"):
         plan_of(model_stage.model, REFERENCE, answers)
+
+
+def test_the_backend_builds_llama_cpp_before_it_waits_for_the_model(plan_of):
+    """The download runs while llama.cpp builds (the longest step on a real box): the
+    backend's wait for the file comes after the build, before llama-server starts."""
+    from gpubox.stages.backend import backend
+
+    def both() -> None:
+        model_stage.model_download()
+        backend()
+
+    plan = plan_of(both, REFERENCE, fresh_box("ubuntu2404"))
+    build = next(i for i, n in enumerate(plan.names) if "Build llama-server" in n)
+    wait = next(i for i, n in enumerate(plan.names) if "Download and verify" in n)
+    start = next(i for i, n in enumerate(plan.names) if "(Re)start llama-server" in n)
+    assert build < wait < start, plan.names

@@ -17,12 +17,12 @@ from gpubox.stages.vllm import vllm
 @deploy("Backend")
 def backend() -> None:
     config = current_config()
-    # the model stage (and its preflight) only for a backend that serves one
-    model_change = model_stage() if config.backend != "none" else None
     for name, unit in layout.BACKEND_UNITS.items():
         if name != config.backend:
             stop_other(unit)
     if config.backend == "llamacpp":
-        llamacpp(config, model_change)
+        # the GGUF downloads in the background (started by the first stage): llama.cpp builds
+        # meanwhile, and the model stage waits for the file only where the server needs it
+        llamacpp(config, model_stage)
     elif config.backend == "vllm":
-        vllm(config, model_change)
+        vllm(config, model_stage())

@@ -5,6 +5,8 @@ systemd unit as the system user llama; its flags, checked against the build's --
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
+from typing import Any
 
 from pyinfra.operations import server
 
@@ -66,8 +68,11 @@ def flag_check_command(binary: str, args: list[str], split_mode: str = "layer") 
     )
 
 
-def llamacpp(config: HostConfig, model_change) -> None:
+def llamacpp(config: HostConfig, wait_for_model: Callable[[], Any]) -> None:
+    """llama.cpp built, then the model waited for (its download runs in the background while
+    the build does), then llama-server (re)started when either changed."""
     build = llamacpp_build.build(config)
+    model_change = wait_for_model()
     b = llamacpp_build.llama_build(config)
     server.user(
         name="System user llama",
