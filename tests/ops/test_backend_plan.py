@@ -308,3 +308,28 @@ def test_too_little_disk_for_the_model_is_refused_before_anything(plan_of):
     answers = fresh_box("ubuntu2404", **{"df -B1 --output=avail": str(10 * 2**30)})
     with pytest.raises(DeployRefused, match=r"has 10\.0 GiB free; .* needs 46\.0 GiB"):
         plan_of(model_stage.model, REFERENCE, answers)
+
+
+LLAMA_PASSWD = "llama:x:998:998::/var/lib/llama:/usr/sbin/nologin"
+
+
+def test_the_llama_user_is_made_once_and_then_read_with_one_getent(plan_of):
+    """A fresh box gets the system user; a box where getent shows it as server.user leaves it
+    (system uid, its home, no login shell) plans no user operation, so the no-op re-deploy
+    skips pyinfra's Users fact (every account and its groups)."""
+
+    def user_op(answers: dict[object, object]) -> bool:
+        plan = plan_of(backend_stage.backend, REFERENCE, answers)
+        return any(n.endswith("System user llama") for n in plan.names)
+
+    assert user_op(fresh_box("ubuntu2404"))
+    there = fresh_box("ubuntu2404", **{"getent passwd llama": [LLAMA_PASSWD, "home"]})
+    assert not user_op(there)
+    for other in (
+        LLAMA_PASSWD.replace(":998:998:", ":1001:1001:"),  # a login user's uid
+        LLAMA_PASSWD.replace("/usr/sbin/nologin", "/bin/bash"),  # a login shell
+    ):
+        box = fresh_box("ubuntu2404", **{"getent passwd llama": [other, "home"]})
+        assert user_op(box)
+    gone = fresh_box("ubuntu2404", **{"getent passwd llama": [LLAMA_PASSWD]})  # no home dir
+    assert user_op(gone)

@@ -8,10 +8,12 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
+from pyinfra import host
 from pyinfra.operations import server
 
 from gpubox import layout
 from gpubox.config import HostConfig
+from gpubox.facts import CommandOutput
 from gpubox.stages import ManagedFiles, llamacpp_build, render, serving, units
 from gpubox.stages.model import plan as model_plan
 
@@ -68,20 +70,45 @@ def flag_check_command(binary: str, args: list[str], split_mode: str = "layer") 
     )
 
 
+NOLOGIN = "/usr/sbin/nologin"
+
+
+def service_user_in_place() -> bool:
+    """Whether the llama user is there as server.user would leave it (a system account with
+    its home and no login shell), read with one getent; pyinfra's Users fact, which
+    server.user reads, lists every account with its groups (the no-op's slowest fact)."""
+    q = shlex.quote
+    line = host.get_fact(
+        CommandOutput,
+        command=f"getent passwd {q(layout.LLAMA_USER)} && test -d {q(layout.LLAMA_HOME)} "
+        "&& echo home; true",
+    ).strip()
+    fields = line.splitlines()[0].split(":") if line else []
+    return (
+        len(fields) == 7
+        and line.endswith("\nhome")
+        and fields[2].isdigit()
+        and int(fields[2]) < 1000
+        and fields[5] == layout.LLAMA_HOME
+        and fields[6] == NOLOGIN
+    )
+
+
 def llamacpp(config: HostConfig, wait_for_model: Callable[[], Any]) -> None:
     """llama.cpp built, then the model waited for (its download runs in the background while
     the build does), then llama-server (re)started when either changed."""
     build = llamacpp_build.build(config)
     model_change = wait_for_model()
     b = llamacpp_build.llama_build(config)
-    server.user(
-        name="System user llama",
-        user=layout.LLAMA_USER,
-        system=True,
-        home=layout.LLAMA_HOME,
-        shell="/usr/sbin/nologin",
-        create_home=True,
-    )
+    if not service_user_in_place():
+        server.user(
+            name="System user llama",
+            user=layout.LLAMA_USER,
+            system=True,
+            home=layout.LLAMA_HOME,
+            shell=NOLOGIN,
+            create_home=True,
+        )
     key = serving.api_key(config)
     args = llama_args(config, model_plan(config).path)
     unit_text = render(
