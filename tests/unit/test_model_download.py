@@ -329,3 +329,40 @@ def test_a_model_file_of_its_own_does_not_take_the_catalogs_size_or_checksum():
     config = load_host_config("b", {**REFERENCE, **sized, "model_file": "other.gguf"})
     p = model_stage.plan(config)
     assert p.sha256 is None and p.size is None
+
+
+def test_the_wait_shows_journal_lines_that_journald_writes_late(tmp_path):
+    """A unit that failed a moment ago may not have its last lines in the journal yet (the
+    sandbox saw an empty tail on a busy box): the wait asks journald to catch up and looks
+    again, so the refusal reaches the deploy's output."""
+    p = model_plan(tmp_path / "models", sha256="0" * 64)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *ActiveState*) echo failed;; *Result*) echo exit-code;; '
+        "*InvocationID*) echo 0123abcd;; esac\n"
+    )
+    # this run's lines show from the third look on; --sync is counted
+    (bin_dir / "journalctl").write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *--sync*) echo sync >> {tmp_path}/syncs; exit 0;; esac\n'
+        f"echo look >> {tmp_path}/looks\n"
+        'case "$*" in *_SYSTEMD_INVOCATION_ID=0123abcd*) '
+        f'[ "$(wc -l < {tmp_path}/looks)" -ge 3 ] && echo "gpubox: tiny.gguf has sha256 1f0c, '
+        'expected 0000; removed it";; esac\n'
+    )
+    for tool in ("systemctl", "journalctl"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["sh", "-c", model_stage.wait_command(p)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert result.returncode == 1
+    assert "ended without a verified tiny.gguf; its last journal lines:" in result.stderr
+    assert "tiny.gguf has sha256 1f0c, expected 0000; removed it" in result.stderr
+    assert (tmp_path / "syncs").read_text().count("sync") >= 3

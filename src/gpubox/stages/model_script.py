@@ -335,6 +335,9 @@ def unit_text(p: ModelPlan, memory_max: str, token: bool) -> str:
     )
 
 
+JOURNAL_WAIT_S = 10
+
+
 def wait_command(p: ModelPlan) -> str:
     """The backend's wait for the download unit: until it is no longer running; then done
     when the marker says the file verified (the unit disabled, the token file gone), else a
@@ -355,10 +358,20 @@ def wait_command(p: ModelPlan) -> str:
         'r=$(systemctl show -p Result --value "$u")\n'
         f'echo "gpubox: the model download ($u: $s, result $r) ended without a verified '
         f'{p.file}; its last journal lines:" >&2\n'
+        # journald writes a unit's last output lines a moment after the unit ended (later
+        # still on a busy box): ask it to catch up, and look again, for up to JOURNAL_WAIT_S;
+        # then the unit's last lines of any run, when this run's carry no invocation ID
         'id=$(systemctl show -p InvocationID --value "$u")\n'
-        'if [ -n "$id" ]; then\n'
-        '  journalctl --no-pager -o cat -n 30 _SYSTEMD_INVOCATION_ID="$id" >&2\n'
-        'else journalctl --no-pager -o cat -n 30 -u "$u" >&2; fi\n'
+        "lines=\n"
+        f"for i in $(seq {JOURNAL_WAIT_S}); do\n"
+        '  [ -n "$id" ] || break\n'
+        "  journalctl --sync 2>/dev/null || true\n"
+        '  lines=$(journalctl --no-pager -o cat -n 30 _SYSTEMD_INVOCATION_ID="$id" 2>/dev/null)\n'
+        '  [ -n "$lines" ] && break\n'
+        "  sleep 1\n"
+        "done\n"
+        '[ -n "$lines" ] || lines=$(journalctl --no-pager -o cat -n 30 -u "$u" 2>/dev/null)\n'
+        "printf '%s\\n' \"$lines\" >&2\n"
         "exit 1\n"
     )
 
