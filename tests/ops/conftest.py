@@ -239,3 +239,24 @@ def make_plan(stage, data: dict[str, object], answers: dict[object, object]) -> 
 @pytest.fixture
 def plan_of():
     return make_plan
+
+
+def spy_commands(monkeypatch: pytest.MonkeyPatch, connector: type) -> list[str]:
+    """Every command ``connector`` is sent from now on (facts and operations alike)."""
+    sent: list[str] = []
+    real = connector.run_shell_command
+
+    def spy(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sent.append(str(command))
+        return real(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(connector, "run_shell_command", spy)
+    return sent
+
+
+@pytest.fixture
+def commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every command the fake box is sent (facts and operations alike)."""
+    from pyinfra.connectors.fake import FakeConnector
+
+    return spy_commands(monkeypatch, FakeConnector)

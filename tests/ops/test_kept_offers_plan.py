@@ -8,7 +8,6 @@ import json
 
 import pytest
 from conftest import REFERENCE, fake_host, fresh_box, installed_pins, kept_offers, repo_answers
-from pyinfra.connectors.fake import FakeConnector
 
 from gpubox.stages import DeployRefused, run_stages
 from gpubox.stages.container_toolkit import container_toolkit
@@ -19,20 +18,6 @@ from gpubox.stages.driver import driver
 
 KEEP = "Keep the repositories' answers"
 ALL = ["docker", "nvidia_container_toolkit", "nvidia_cuda"]
-
-
-@pytest.fixture
-def commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every command the fake box is sent (facts and operations alike)."""
-    sent: list[str] = []
-    real = FakeConnector.run_shell_command
-
-    def spy(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
-        sent.append(str(command))
-        return real(self, command, *args, **kwargs)
-
-    monkeypatch.setattr(FakeConnector, "run_shell_command", spy)
-    return sent
 
 
 def queried(sent: list[str]) -> list[str]:

@@ -3,9 +3,7 @@ command once per run (gpubox.facts.read_once)."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import REFERENCE, fake_host, fresh_box
-from pyinfra.connectors.fake import FakeConnector
+from conftest import REFERENCE, fake_host, fresh_box, spy_commands
 
 from gpubox.facts import (
     PREFETCH_MARK,
@@ -18,19 +16,6 @@ from gpubox.facts import (
     prefetch,
     read_once,
 )
-
-
-@pytest.fixture
-def commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    sent: list[str] = []
-    real = FakeConnector.run_shell_command
-
-    def spy(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
-        sent.append(str(command))
-        return real(self, command, *args, **kwargs)
-
-    monkeypatch.setattr(FakeConnector, "run_shell_command", spy)
-    return sent
 
 
 def test_a_fact_read_twice_while_planning_runs_once_per_run(commands):
@@ -69,14 +54,7 @@ def test_prefetched_facts_are_read_in_one_round_trip_as_get_fact_reads_them(monk
     from pyinfra.connectors.local import LocalConnector
     from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
-    sent: list[str] = []
-    real = LocalConnector.run_shell_command
-
-    def spy(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
-        sent.append(str(command))
-        return real(self, command, *args, **kwargs)
-
-    monkeypatch.setattr(LocalConnector, "run_shell_command", spy)
+    sent = spy_commands(monkeypatch, LocalConnector)
     specs = [
         (OsRelease, {}),
         (UserId, {}),
