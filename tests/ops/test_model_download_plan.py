@@ -229,13 +229,6 @@ def test_the_early_stage_starts_it_and_the_backend_only_waits(plan_of):
     assert stages.index("model_download,") < stages.index("driver,") < stages.index("backend,")
 
 
-def test_the_early_stage_leaves_the_vllm_checkpoint_to_the_backend(plan_of):
-    plan = plan_of(
-        model_stage.model_download, {**REFERENCE, "backend": "vllm"}, fresh_box("ubuntu2404")
-    )
-    assert [n.split(" | ")[-1] for n in plan.names] == ["apt-get waits up to 900 s for dpkg's lock"]
-
-
 def test_without_an_announced_size_the_progress_has_no_total(plan_of):
     plan = plan_of(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
     (step,) = plan.op("Download and verify")

@@ -9,6 +9,7 @@ The Hub's listing is read from the sandbox's Hub served in this process."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -18,9 +19,9 @@ from pathlib import Path
 import pytest
 from helpers import serving
 
-from gpubox import progress
+from gpubox import layout, progress
 from gpubox.sandbox import hub
-from gpubox.stages import checkpoint
+from gpubox.stages import checkpoint, model_script
 from gpubox.stages import model as model_stage
 
 REPO = "someone/Tiny-int4"
@@ -71,17 +72,24 @@ def run(
     c: checkpoint.Checkpoint,
     venv: Path,
     listing: checkpoint.Listing | None = LISTING,
-    bad: tuple[str, ...] = (),
+    stall_s: int = 120,
 ) -> subprocess.CompletedProcess[str]:
+    """The unit's script for the checkpoint (its commands as one script), run by /bin/sh."""
     token = Path(c.model_dir).parent / "token"
     commands = checkpoint.download_commands(
-        c, listing, bad, "http://127.0.0.1:9", str(token), str(venv), model_stage.HF_QUIET
+        c,
+        listing,
+        "http://127.0.0.1:9",
+        str(token),
+        str(venv),
+        model_stage.HF_QUIET,
+        stall_s=stall_s,
     )
     return subprocess.run(
         ["/bin/sh", "-c", model_stage.step_command(commands)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=90,
     )
 
 
@@ -123,10 +131,10 @@ def test_a_missing_or_resized_file_is_found_and_only_it_is_fetched_again(c, tmp_
     s = state(c)
     assert not s.complete and sorted(s.bad) == [first, second]
     (tmp_path / "hf-found").unlink(missing_ok=True)
-    result = run(c, fake_hf(tmp_path, FILES), bad=s.bad)
+    result = run(c, fake_hf(tmp_path, FILES), listing=None)
     assert result.returncode == 0, result.stderr
-    # the resized file was removed before hf ran (hf would keep a file it has metadata for);
-    # the files that matched were there and kept
+    # the script found the resized file by the old marker and removed it before hf ran (hf
+    # would keep a file it has metadata for); the files that matched were there and kept
     found = (tmp_path / "hf-found").read_text().splitlines()
     assert sorted(found) == ["config.json", "sub dir/tokenizer config.json"]
     assert Path(c.directory, second).stat().st_size == FILES[second]
@@ -145,11 +153,14 @@ def test_a_short_file_after_hf_leaves_no_marker_and_names_it(c, tmp_path):
     assert not state(c).complete
 
 
-def test_a_failed_hf_removes_the_old_marker_and_the_token(c, tmp_path):
+def test_a_failed_hf_removes_the_old_marker_and_the_token(c, tmp_path, monkeypatch):
+    monkeypatch.setattr(model_script, "RETRY_S", 0)
     assert run(c, fake_hf(tmp_path, FILES)).returncode == 0
     (tmp_path / "token").write_text("hf_secret\n")
-    result = run(c, fake_hf(tmp_path, {}, fail=True), bad=("config.json",))
+    Path(c.directory, "config.json").unlink()
+    result = run(c, fake_hf(tmp_path, {}, fail=True))
     assert result.returncode == 3
+    assert f"the transfer failed {model_script.ATTEMPTS} times (exit status 3)" in result.stderr
     assert not Path(c.marker).exists() and not (tmp_path / "token").exists()
     assert not state(c).marker
 
@@ -170,7 +181,6 @@ def test_the_long_step_counts_the_directory_against_the_listed_total(c, tmp_path
     commands = checkpoint.download_commands(
         c,
         listing,
-        (),
         "http://127.0.0.1:9",
         str(tmp_path / "token"),
         str(fake_hf(tmp_path, files, delay=1.5)),
@@ -255,3 +265,125 @@ def test_the_hubs_listing_gives_the_commit_and_the_sizes(hub_server):
     missing = checkpoint.listing_command("nobody/none", f"http://127.0.0.1:{port}")
     out = subprocess.run(["/bin/sh", "-c", missing], capture_output=True, text=True, timeout=30)
     assert checkpoint.parse_listing(out.stdout) is None
+
+
+# ------------------------------------------------ the unit's script: watchdog, Xet, leftovers
+
+
+def stalling_hf(tmp_path: Path, stalls: int) -> Path:
+    """A venv whose bin/hf, on each of its first ``stalls`` runs, leaves a partial file under
+    hf's download cache (named anew each run, as huggingface_hub 1.x names it) and then hangs
+    without writing a byte; the next run downloads FILES (``fake_hf``). Every run logs its
+    HF_HUB_DISABLE_XET and the leftover partial files it found."""
+    venv = fake_hf(tmp_path, FILES)
+    hf = venv / "bin" / "hf"
+    real = venv / "bin" / "hf-real"
+    hf.rename(real)
+    hf.write_text(
+        "#!/bin/sh\n"
+        f"runs=$(cat {tmp_path}/runs 2>/dev/null || echo 0); runs=$((runs + 1)); "
+        f"echo $runs > {tmp_path}/runs\n"
+        f'echo "run $runs xet_off=${{HF_HUB_DISABLE_XET:-}}" >> {tmp_path}/hf-log\n'
+        'dir=; for a in "$@"; do [ -n "$next" ] && dir=$a; next=; '
+        '[ "$a" = --local-dir ] && next=1; done\n'
+        'dl="$dir/.cache/huggingface/download"; mkdir -p "$dl"\n'
+        f'ls "$dl" | grep "\\.incomplete$" >> {tmp_path}/hf-leftovers\n'
+        f'if [ "$runs" -le {stalls} ]; then\n'
+        '  head -c 1000 /dev/zero > "$dl/model-00001-of-00002.safetensors.$runs$$.incomplete"\n'
+        "  exec sleep 60\n"
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    hf.chmod(0o755)
+    return venv
+
+
+def test_after_two_stalls_hf_runs_with_xet_off_and_no_leftover_is_kept(c, tmp_path):
+    """The stall watchdog restarts a transfer that writes nothing for download_stall_s; from
+    the second stall on, hf runs with HF_HUB_DISABLE_XET=1 (the way out of a hung hf_xet);
+    each run first removes the partial files an earlier run left (hf 1.x never resumes them)."""
+    result = run(c, stalling_hf(tmp_path, stalls=2), stall_s=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("no new bytes for 2 s (download_stall_s)") == 2
+    assert (tmp_path / "hf-log").read_text().splitlines() == [
+        "run 1 xet_off=",
+        "run 2 xet_off=",
+        "run 3 xet_off=1",
+    ]
+    assert "gpubox: 2 stalls: hf runs with Xet off (HF_HUB_DISABLE_XET=1)" in result.stdout
+    assert (tmp_path / "hf-leftovers").read_text() == ""  # each run found none left
+    assert not list(Path(c.directory, ".cache").rglob("*.incomplete"))
+    assert state(c).complete
+
+
+def test_the_watchdog_gives_up_after_repeated_stalls(c, tmp_path, monkeypatch):
+    monkeypatch.setattr(model_script, "MAX_STALLS", 3)
+    result = run(c, stalling_hf(tmp_path, stalls=99), stall_s=1)
+    assert result.returncode == 1
+    assert f"stalled {model_script.MAX_STALLS} times; giving up" in result.stderr
+    log = (tmp_path / "hf-log").read_text().splitlines()
+    assert len(log) == model_script.MAX_STALLS
+    assert log[model_script.XET_OFF_AFTER :] == [
+        f"run {n} xet_off=1" for n in range(model_script.XET_OFF_AFTER + 1, len(log) + 1)
+    ]
+    assert not Path(c.marker).exists()
+
+
+def test_a_file_of_another_size_than_listed_goes_and_a_complete_one_stays(c, tmp_path):
+    """A run that follows a stopped one (the unit after a reboot): the files complete by then
+    are kept, whatever the plan found missing; a file at another size than the listing's is
+    removed before hf runs."""
+    shard_1, shard_2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    Path(c.directory).mkdir(parents=True)
+    Path(c.directory, shard_1).write_bytes(b"\0" * FILES[shard_1])
+    Path(c.directory, shard_2).write_bytes(b"\0" * 10)
+    result = run(c, fake_hf(tmp_path, FILES))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "hf-found").read_text().splitlines() == [shard_1]
+    assert Path(c.directory, shard_2).stat().st_size == FILES[shard_2]
+    assert state(c).complete
+
+
+def test_a_complete_checkpoint_runs_no_hf(c, tmp_path):
+    """The script run again once complete (the unit started at a boot before it was
+    disabled): kept, hf not run."""
+    assert run(c, fake_hf(tmp_path, FILES)).returncode == 0
+    (tmp_path / "hf-args").unlink()
+    result = run(c, fake_hf(tmp_path, FILES))
+    assert result.returncode == 0, result.stderr
+    assert f"gpubox: {REPO} is complete in {c.directory}; kept" in result.stdout
+    assert not (tmp_path / "hf-args").exists()
+    # another commit listed: downloaded again (hf asked for that commit)
+    other = checkpoint.Listing("f" * 40, dict(FILES))
+    assert run(c, fake_hf(tmp_path, FILES), listing=other).returncode == 0
+    assert f"--revision {'f' * 40}" in (tmp_path / "hf-args").read_text()
+
+
+def test_the_wait_succeeds_only_on_a_complete_checkpoint(c, tmp_path):
+    """The backend's wait (systemctl stood in by a script that says the unit is inactive)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"systemctl": "echo inactive", "journalctl": 'echo "hf: boom"'}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    token = tmp_path / "token-left"
+    token.write_text("hf_secret\n")
+
+    def wait() -> subprocess.CompletedProcess[str]:
+        # the token file's path on this machine's /root stays untouched
+        command = checkpoint.wait_command(c).replace(layout.HF_TOKEN_FILE, str(token))
+        return subprocess.run(
+            ["/bin/sh", "-c", command],
+            capture_output=True, text=True, timeout=30, env=env,
+        )  # fmt: skip
+
+    failed = wait()
+    assert failed.returncode == 1
+    assert f"ended without a complete {REPO}; its last journal lines:" in failed.stderr
+    assert "hf: boom" in failed.stderr
+    assert run(c, fake_hf(tmp_path, FILES)).returncode == 0
+    ok = wait()
+    assert ok.returncode == 0, ok.stderr
+    assert f"gpubox: {REPO} downloaded (every file at its size)" in ok.stdout
+    assert not token.exists()  # removed once the checkpoint is complete

@@ -114,10 +114,11 @@ def sh(command: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-def download(c, listing, bad, served, hf_venv, tmp_path) -> subprocess.CompletedProcess[str]:
-    """The model stage's long step for the checkpoint, as pyinfra would run it (every 1 s)."""
+def download(c, listing, served, hf_venv, tmp_path) -> subprocess.CompletedProcess[str]:
+    """The download unit's script for the checkpoint, run under the long step's progress
+    lines (every 1 s), as the backend shows them while it waits for the unit."""
     commands = checkpoint.download_commands(
-        c, listing, bad, served["endpoint"], str(tmp_path / "token"), str(hf_venv),
+        c, listing, served["endpoint"], str(tmp_path / "token"), str(hf_venv),
         model_stage.HF_QUIET,
     )  # fmt: skip
     script = progress.wrapper_command(
@@ -151,7 +152,7 @@ def test_the_real_hf_downloads_the_whole_repository_and_a_rerun_fetches_only_wha
     )
     (tmp_path / "token").write_text("hf_test_token\n")
 
-    result = download(c, listing, (), served, hf_venv, tmp_path)
+    result = download(c, listing, served, hf_venv, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     # progress lines while it ran (the shards come at 1 MiB/s), against the listed total
     assert re.search(
@@ -176,7 +177,8 @@ def test_the_real_hf_downloads_the_whole_repository_and_a_rerun_fetches_only_wha
     assert not s.complete and sorted(s.bad) == [SHARD_1, SHARD_2]
 
     served["log"].unlink()
-    result = download(c, listing, s.bad, served, hf_venv, tmp_path)
+    # the script finds them by the marker
+    result = download(c, listing, served, hf_venv, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert fetched(served["log"]) == sorted([SHARD_1, SHARD_2])  # nothing else again
     for name, data in contents.items():

@@ -136,26 +136,32 @@ def _download_problems(
                 f"must be bytes with an optional K, M, G or T suffix (or infinity), got {memory!r}",
             )
         )
+    for key in ("model_revision", "vllm_revision"):
+        value = values.get(key)
+        if valid(key) and value is not None and (not REVISION.fullmatch(value) or ".." in value):
+            problems.append(
+                Problem(host, key, f"must be a commit, branch or tag name, got {value!r}")
+            )
     revision = values.get("model_revision")
-    if valid("model_revision") and revision is not None:
-        if not REVISION.fullmatch(revision) or ".." in revision:
-            problems.append(
-                Problem(
-                    host,
-                    "model_revision",
-                    f"must be a commit, branch or tag name, got {revision!r}",
-                )
+    if (
+        valid("model_revision", "model_source")
+        and revision is not None
+        and not problems_for(problems, "model_revision")
+        and values["model_source"] == "url"
+    ):
+        problems.append(
+            Problem(
+                host,
+                "model_revision",
+                "is not used with model_source 'url' (model_url is)",
+                severity="warning",
             )
-        elif valid("model_source") and values["model_source"] == "url":
-            problems.append(
-                Problem(
-                    host,
-                    "model_revision",
-                    "is not used with model_source 'url' (model_url is)",
-                    severity="warning",
-                )
-            )
+        )
     return problems
+
+
+def problems_for(problems: list[Problem], key: str) -> bool:
+    return any(p.key == key for p in problems)
 
 
 def _arg_values(args: list[Any], *names: str) -> list[str]:

@@ -319,6 +319,13 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("vllm_enforce_eager", bool, False, "vLLM without CUDA graphs (slow decode)"),
     Key(
+        "vllm_revision",
+        str,
+        None,
+        "the Hugging Face revision (a commit, branch or tag) to download the vLLM checkpoint "
+        "(the catalog's vllm_repo) at (default: the catalog's vllm_revision; main when none)",
+    ),
+    Key(
         "vllm_gpu_memory_utilization",
         float,
         0.92,

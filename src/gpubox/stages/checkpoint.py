@@ -1,24 +1,34 @@
 """The vLLM backend's checkpoint: a whole Hugging Face repository (config, tokenizer,
-safetensors shards; about 42 GB for the catalog's 4-bit Qwen3-Next), downloaded on the box by
-the model stage before vLLM starts, so the download shows progress (bytes, rate, ETA) instead
-of hiding inside vLLM's first start. vLLM then serves the local directory with the Hub off
-(HF_HUB_OFFLINE=1): it never downloads at start.
+safetensors shards; about 42 GB for the catalog's 4-bit Qwen3-Next), downloaded on the box in
+the background by the download unit (gpubox-model-download, the same unit the GGUF file uses:
+one model per box), started by the early stage ``model_download``; the model stage waits for
+it before vLLM starts, with progress (bytes, rate, ETA). vLLM then serves the local directory
+with the Hub off (HF_HUB_OFFLINE=1): it never downloads at start.
 
 Where: ``<model_dir>/<org>--<name>/`` (``/models/<org>--<name>`` in the container, which
 mounts model_dir on /models). ``hf download REPO --local-dir DIR`` keeps its bookkeeping under
 ``DIR/.cache/huggingface/`` (a metadata file per file, the partial downloads, the tree
-listing); run again, it skips the files it has and fetches only what is missing.
+listing); run again, it skips the files it has and fetches only what is missing. It resumes
+at file granularity only: huggingface_hub 1.x writes each file into a temporary file named
+anew by every run, so a file cut short is fetched again from its start (the script removes
+such leftovers before each transfer).
 
 What gpubox knows of the repository it asks the Hub at plan time, on the box
-(``GET /api/models/REPO/revision/main?blobs=true``: the commit ``main`` points at and every
-file's size). The download then asks for that commit (``--revision``), so the file list, the
-total of the progress lines and the bytes agree; unknown (no answer), it downloads ``main``.
+(``GET /api/models/REPO/revision/REV?blobs=true``, REV the catalog's ``vllm_revision`` or
+the host's, else ``main``: the commit and every file's size). The download then asks for that
+commit (``--revision``), so the file list, the total of the progress lines and the bytes
+agree; unknown (no answer), it downloads REV.
+
+The transfer runs under the stall watchdog (model_script.watchdog): no new bytes in the
+directory for download_stall_s restarts it; from the XET_OFF_AFTER-th stall on hf runs with
+``HF_HUB_DISABLE_XET=1``. The unit's MemoryMax caps hf and hf_xet.
 
 Complete is recorded beside the directory (``<org>--<name>.gpubox-complete``), written only
 once every file has the size the Hub gave: the repository, the commit, then one line per file
-(``file SIZE NAME``). A deploy skips the download when every file named there has that size;
-a missing or resized file is removed and the download runs again (it fetches only that).
-Pure functions here; the operations are in gpubox.stages.model."""
+(``file SIZE NAME``). A deploy skips the download when every file named there has that size
+(and, pinned to a commit, the marker records it); a missing or resized file is removed and
+the download runs again (it fetches only that). Pure functions here; the operations are in
+gpubox.stages.model."""
 
 from __future__ import annotations
 
@@ -28,7 +38,9 @@ import shlex
 import urllib.parse
 from dataclasses import dataclass
 
+from gpubox import layout
 from gpubox.config import HostConfig
+from gpubox.stages import model_script
 
 MARKER_SUFFIX = ".gpubox-complete"
 CONTAINER_MODELS = "/models"  # where the vLLM container mounts model_dir
@@ -40,6 +52,9 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 class Checkpoint:
     repo: str
     model_dir: str
+    # the Hugging Face revision asked for (catalog vllm_revision or the host's vllm_revision);
+    # None: main (the listing then names the commit main points at)
+    revision: str | None = None
 
     @property
     def name(self) -> str:
@@ -61,10 +76,17 @@ class Checkpoint:
 
 
 def plan(config: HostConfig) -> Checkpoint:
-    repo = config.catalog["models"][config.model]["vllm_repo"]
+    model = config.catalog["models"][config.model]
+    repo = model["vllm_repo"]
     if not _REPO.fullmatch(repo) or ".." in repo:
         raise ValueError(f"vllm_repo {repo!r} is not a Hugging Face repository (owner/name)")
-    return Checkpoint(repo=repo, model_dir=config.model_dir)
+    revision = config.vllm_revision or model.get("vllm_revision") or None
+    return Checkpoint(repo=repo, model_dir=config.model_dir, revision=revision)
+
+
+def pinned_commit(c: Checkpoint) -> str | None:
+    """The commit the checkpoint is pinned to (None for main, a branch or a tag)."""
+    return c.revision if c.revision and _COMMIT.fullmatch(c.revision) else None
 
 
 def safe_name(name: str) -> bool:
@@ -101,8 +123,16 @@ def listing_command(repo: str, hf_endpoint: str, revision: str = "main") -> str:
         f"{hf_endpoint.rstrip('/')}/api/models/{repo}/revision/"
         f"{urllib.parse.quote(revision, safe='')}?blobs=true"
     )
+    q = shlex.quote
+    # python3 when curl is not there yet (the early stage asks before anything is installed)
+    fetch = (
+        "import sys, urllib.request; "
+        "print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode())"
+    )
     return (
-        f"if command -v curl >/dev/null 2>&1; then curl -fsS --max-time 20 {shlex.quote(url)}; fi"
+        f"if command -v curl >/dev/null 2>&1; then curl -fsS --max-time 20 {q(url)}; "
+        "elif command -v python3 >/dev/null 2>&1; then "
+        f"python3 -c {q(fetch)} {q(url)} 2>/dev/null; fi"
     )
 
 
@@ -207,49 +237,111 @@ def marker_lines(c: Checkpoint, listing: Listing) -> list[str]:
     ]
 
 
+def complete_command(c: Checkpoint, commit: str | None = None) -> str:
+    """A shell condition: the marker is there, names at least one file, every file it names
+    has its size, and (given ``commit``) it records that commit."""
+    q = shlex.quote
+    same = f" && grep -qxF {q('commit ' + commit)} {q(c.marker)}" if commit else ""
+    return (
+        f"{{ [ -r {q(c.marker)} ]{same} && ( bad=0; "
+        + _check_files(c.marker, c.directory, "bad=1")
+        + '; [ "$bad" = 0 ] && [ "$n" -gt 0 ] ); }'
+    )
+
+
 def download_commands(
     c: Checkpoint,
     listing: Listing | None,
-    bad: tuple[str, ...] | list[str],
     hf_endpoint: str,
     token_file: str,
     hf_venv: str,
     quiet: str,
+    stall_s: int = 120,
+    token_read: str | None = None,
 ) -> list[str]:
-    """mkdir; the marker removed, the ``bad`` files (missing or resized) removed, and ``hf
-    download`` of the repository (at the listing's commit) into the directory, the token file
-    removed however it ends; then the new marker written aside, each of its files checked for
-    its size, and moved into place. Each command stops at its first failure."""
+    """mkdir; then, in one command: nothing when the marker says the repository is complete
+    (at the listing's commit); else the files that cannot be right removed (those the old
+    marker names at another size, and those the listing names at another size), the marker
+    removed, ``hf download`` of the repository (at the listing's commit, else the plan's
+    revision, else main) under the stall watchdog (Xet off after XET_OFF_AFTER stalls), then
+    every file checked for its size and the new marker written. The token file
+    (``token_file``; read from ``token_read``, default the same) is removed when the command
+    ends by itself, kept when it is stopped (the next start resumes with it)."""
     q = shlex.quote
     d = q(c.directory)
-    token = f"$( [ -s {q(token_file)} ] && cat {q(token_file)} )"
-    revision = f" --revision {listing.commit}" if listing else ""
-    removed = "".join(f"rm -f -- {q(c.directory + '/' + name)}; " for name in bad)
-    fetch = (
-        f"trap 'rm -f {q(token_file)}' EXIT; trap 'exit 1' HUP INT TERM; "
-        f"set -e; rm -f {q(c.marker)}; {removed}"
-        f"HF_ENDPOINT={q(hf_endpoint)} HF_TOKEN={token} {quiet} {hf_venv}/bin/hf download "
-        f"{q(c.repo)}{revision} --local-dir {d}"
+    source = token_read or q(token_file)
+    revision = listing.commit if listing else c.revision
+    rev = f" --revision {q(revision)}" if revision else ""
+    meta = q(c.directory + "/.cache/huggingface/download")
+    # huggingface_hub 1.x downloads each file into a temporary file named anew by every run
+    # (<meta>/NAME.<random>.incomplete): a run that was killed leaves one nobody resumes, so
+    # the transfer removes them first. What survives a stop is the files already complete.
+    transfer = (
+        f'if [ "${{GPUBOX_STALLS:-0}}" -ge {model_script.XET_OFF_AFTER} ]; then '
+        "export HF_HUB_DISABLE_XET=1; "
+        'echo "gpubox: $GPUBOX_STALLS stalls: hf runs with Xet off (HF_HUB_DISABLE_XET=1)"; fi; '
+        f"find {meta} -name '*.incomplete' -type f -exec rm -f {{}} + 2>/dev/null || true; "
+        f"HF_ENDPOINT={q(hf_endpoint)} HF_TOKEN=$( [ -s {source} ] && cat {source} ) "
+        f"{quiet} {hf_venv}/bin/hf download {q(c.repo)}{rev} --local-dir {d}"
     )
     new = c.marker + ".new"
     if listing:
-        write = "printf '%s\\n' " + " ".join(q(line) for line in marker_lines(c, listing))
+        want = "printf '%s\\n' " + " ".join(q(line) for line in marker_lines(c, listing))
+        # before the transfer: a file at another size than the listing's is no download hf
+        # would finish (its metadata may say it has it)
+        first = f"{want} > {q(new)}; " + _check_files(
+            new, c.directory, f'[ -z "$got" ] || rm -f -- {d}/"$name"'
+        )
+        write = ":"
     else:
         # No listing: the files hf left (its .cache/ aside) and the commit of its metadata.
-        meta = q(c.directory + "/.cache/huggingface/download")
+        first = ":"
         write = (
             f"m=$(find {meta} -name '*.metadata' -type f 2>/dev/null | head -n 1); "
             'commit=$( [ -n "$m" ] && sed -n 1p "$m" ); '
             f'{{ echo {q("repo " + c.repo)}; echo "commit ${{commit:-unknown}}"; '
             f"find {d} -path {q(c.directory + '/.cache')} -prune -o -type f "
-            "-printf 'file %s %P\\n' | sort -k 3; }"
+            f"-printf 'file %s %P\\n' | sort -k 3; }} > {q(new)}"
         )
+    stale = _check_files(c.marker, c.directory, f'[ -z "$got" ] || rm -f -- {d}/"$name"')
     message = f'echo "gpubox: {c.repo}: $name has ${{got:-no}} bytes, expected $size" >&2; bad=1'
     check = (
-        f"set -e; {write} > {q(new)}; bad=0; "
+        f"{write}; bad=0; "
         + _check_files(new, c.directory, message)
         + f'; if [ "$bad" != 0 ] || [ "$n" = 0 ]; then rm -f {q(new)}; '
         f'echo "gpubox: {c.repo} is incomplete in {c.directory}" >&2; exit 1; fi; '
         f"mv {q(new)} {q(c.marker)}"
     )
-    return [f"mkdir -p {d}", fetch, check]
+    fetch = (
+        f"trap 'rm -f {q(token_file)}' EXIT; trap 'trap - EXIT; exit 143' HUP INT TERM; "
+        f"set -e; if {complete_command(c, listing.commit if listing else None)}; then "
+        f'echo "gpubox: {c.repo} is complete in {c.directory}; kept"; else '
+        f"if [ -r {q(c.marker)} ]; then {stale}; fi; rm -f {q(c.marker)}; {first}; "
+        + model_script.watchdog(stall_s)
+        + f"_gw_run {q(transfer)} {d}; {check}; fi"
+    )
+    return [f"mkdir -p {d}", fetch]
+
+
+def download_script(
+    c: Checkpoint, listing: Listing | None, hf_endpoint: str, stall_s: int, token: bool
+) -> str:
+    """The script the download unit runs for the checkpoint (model_script.script_text)."""
+    commands = download_commands(
+        c,
+        listing,
+        hf_endpoint,
+        layout.HF_TOKEN_FILE,
+        layout.HF_VENV,
+        model_script.HF_QUIET,
+        stall_s=stall_s,
+        token_read=model_script.credential_read(token),
+    )
+    return model_script.script_text(c.repo, c.directory, commands)
+
+
+def wait_command(c: Checkpoint) -> str:
+    """The backend's wait for the checkpoint's download unit (model_script.wait_for)."""
+    return model_script.wait_for(
+        complete_command(c), f"{c.repo} downloaded (every file at its size)", f"a complete {c.repo}"
+    )

@@ -27,8 +27,8 @@ included) is removed with it. The tools are installed with pip from catalog
 ``pypi.index_url`` (a PyPI mirror is an override of it).
 
 With the vLLM backend the model is a whole Hugging Face repository (the catalog's
-``vllm_repo``): `vllm_checkpoint` downloads it with the same hf tool, as a long step in the
-backend stage (not yet in the background), into ``<model_dir>/<org>--<name>/`` before vLLM
+``vllm_repo``), downloaded with hf by the same unit (``begin_checkpoint``, from the early
+stage) into ``<model_dir>/<org>--<name>/``; `vllm_checkpoint` waits for it before vLLM
 starts (gpubox.stages.checkpoint)."""
 
 from __future__ import annotations
@@ -234,12 +234,13 @@ def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
 def model_download():
     """The early stage (before the driver): the GGUF's download started in the background as
     soon as the box has disk, network and the download tool; the backend stage waits for it
-    where the server needs the file. The vLLM checkpoint still downloads in the backend."""
+    where the server needs the file; with the vLLM backend, the checkpoint's (the same unit)."""
     config = current_config()
     preflight.run(config)
-    if config.backend != "llamacpp":
-        return None
-    begin_download(config, plan(config))
+    if config.backend == "llamacpp":
+        begin_download(config, plan(config))
+    elif config.backend == "vllm":
+        begin_checkpoint(config)
     return None
 
 
@@ -327,22 +328,31 @@ def put_token() -> bool:
     return bool(token)
 
 
-def vllm_checkpoint(config: HostConfig):
-    """The vLLM backend's checkpoint (gpubox.stages.checkpoint): the whole repository
-    downloaded into <model_dir>/<org>--<name>/ as a long step, before vLLM starts; nothing
-    when its marker says every file is there. Returns the download operation or None."""
+def begin_checkpoint(config: HostConfig) -> _Begun:
+    """Plan the background download of the vLLM checkpoint once per run (as
+    ``begin_download``): nothing when its marker says every file is there (at the pinned
+    commit, when pinned to one); else the disk check, the hf tool, the token, the script and
+    unit written (the same unit as the GGUF's: one model per box), enabled and started."""
+    done = _begun.setdefault(host.state, {})
+    if host.name in done:
+        return done[host.name]
     c = checkpoint.plan(config)
     state = checkpoint.parse_state(
         host.get_fact(CommandOutput, command=checkpoint.state_command(c))
     )
-    if state.complete:
+    pinned = checkpoint.pinned_commit(c)
+    if state.complete and (not pinned or state.commit == pinned):
         files.file(
             name="No HF_TOKEN file left on the box", path=layout.HF_TOKEN_FILE, present=False
         )
-        return None
+        done[host.name] = _Begun(None, True)
+        return done[host.name]
     hf_endpoint = config.hf_endpoint or config.catalog["hf"]["endpoint"]
     listing = checkpoint.parse_listing(
-        host.get_fact(CommandOutput, command=checkpoint.listing_command(c.repo, hf_endpoint))
+        host.get_fact(
+            CommandOutput,
+            command=checkpoint.listing_command(c.repo, hf_endpoint, c.revision or "main"),
+        )
     )
     # The repository's size as the Hub gives it (the progress lines' total and the disk
     # check), else the catalog's estimate of the weights; less what is there already.
@@ -350,17 +360,60 @@ def vllm_checkpoint(config: HostConfig):
     weights = config.catalog["models"][config.model].get("vllm_weights_gib") or 0
     need = total or int(float(weights) * 2**30)
     refuse_without_space(c.directory, need - state.present, c.repo)
+    if not c.revision:
+        logger.warning(
+            f"{host.name}: {c.repo} is not pinned to a revision (no commit is recorded): "
+            f"downloading {'main at ' + listing.commit if listing else 'main'} "
+            "(vllm_revision pins one)"
+        )
     download_tool(config, "hf")
-    put_token()
-    missing = f"; {len(state.bad)} file(s) missing or resized" if state.bad else ""
-    logger.info(f"{host.name}: downloading {c.repo} into {c.directory}{missing}")
-    commands = checkpoint.download_commands(
-        c, listing, state.bad, hf_endpoint, layout.HF_TOKEN_FILE, layout.HF_VENV, HF_QUIET
+    token = put_token()
+    managed = ManagedFiles(
+        {
+            SCRIPT: checkpoint.download_script(
+                c, listing, hf_endpoint, config.download_stall_s, token
+            ),
+            UNIT_FILE: model_script.unit_text_for(
+                c.repo, c.directory, config.download_memory_max, token
+            ),
+        }
     )
+    script_op = managed.put("Model download script", SCRIPT)
+    unit_op = managed.put(f"Model download unit {UNIT}", UNIT_FILE)
+    units.reload_units(unit_op, label="model download")
+    missing = f"; {len(state.bad)} file(s) missing or resized" if state.bad else ""
+    logger.info(
+        f"{host.name}: downloading {c.repo} into {c.directory} in the background ({UNIT}){missing}"
+    )
+    start = systemd.service(
+        name=f"Start {UNIT} (enabled until the checkpoint is complete: it resumes after a reboot)",
+        service=f"{UNIT}.service",
+        running=True,
+        enabled=True,
+    )
+    units.restart_on_change(
+        f"{UNIT}.service",
+        f"Restart {UNIT} with its new script or unit (the files downloaded are kept)",
+        script_op,
+        unit_op,
+        unless=start,
+    )
+    done[host.name] = _Begun(total, False)
+    return done[host.name]
+
+
+def vllm_checkpoint(config: HostConfig):
+    """The vLLM backend's checkpoint (gpubox.stages.checkpoint): its download begun (when the
+    early stage did not) and waited for as a long step, before vLLM starts; nothing when its
+    marker says every file is there. Returns the wait operation or None."""
+    begun = begin_checkpoint(config)
+    if begun.verified:
+        return None
+    c = checkpoint.plan(config)
     return progress.long_step(
         name=f"Download the vLLM checkpoint {c.repo}",
-        command=step_command(commands),
+        command=checkpoint.wait_command(c),
         # everything under the directory: the files, and hf's partial downloads under .cache/
-        probe=progress.download_probe(c.directory, total),
+        probe=progress.download_probe(c.directory, begun.total),
         every=PROGRESS_EVERY,
     )

@@ -94,17 +94,20 @@ UNIT_FILE = layout.unit_file(UNIT)
 SCRIPT = "/usr/local/lib/gpubox/model-download.sh"
 CREDENTIAL = "hf-token"  # the unit's LoadCredential= name for the Hugging Face token
 # The stall watchdog samples the bytes every second; a transfer that fails (not a stall) is
-# tried ATTEMPTS times, RETRY_S apart; after MAX_STALLS stalls the download fails.
+# tried ATTEMPTS times, RETRY_S apart; after MAX_STALLS stalls the download fails. The
+# transfer sees how many stalls came before it in $GPUBOX_STALLS: hf runs with Xet off
+# (HF_HUB_DISABLE_XET=1) from the XET_OFF_AFTER-th (gpubox.stages.checkpoint).
 ATTEMPTS = 3
 RETRY_S = 5
 MAX_STALLS = 6
+XET_OFF_AFTER = 2
 
 _WATCHDOG = r"""_gw_run() {
   # $1: the transfer (sh text), run in a session of its own; $2: the paths whose bytes count
   _gw_stalls=0
   _gw_fails=0
   while :; do
-    setsid sh -c "$1" </dev/null &
+    GPUBOX_STALLS=$_gw_stalls setsid sh -c "$1" </dev/null &
     _gw_pid=$!
     _gw_last=
     _gw_quiet=0
@@ -153,8 +156,9 @@ _WATCHDOG = r"""_gw_run() {
 def watchdog(stall_s: int) -> str:
     """The shell function ``_gw_run TRANSFER PATHS``: TRANSFER runs in a session of its own
     until it succeeds; no byte growth of PATHS for ``stall_s`` seconds kills it and starts it
-    again (a partial file stays, and is resumed); a failure is retried ATTEMPTS times;
-    returns 1 after MAX_STALLS stalls, else the last failure's status."""
+    again (a partial file stays, and is resumed), with the number of stalls so far in its
+    environment (``GPUBOX_STALLS``); a failure is retried ATTEMPTS times; returns 1 after
+    MAX_STALLS stalls, else the last failure's status."""
     values = {
         "STALL": str(int(stall_s)),
         "MAX_STALLS": str(MAX_STALLS),
@@ -288,11 +292,22 @@ def download_script(
     """The script the download unit runs (``sh SCRIPT``): ``download_commands`` with the hf
     token read from the unit's credential, then the unit disabled once the file verified (it
     is enabled only while a download is pending, so that it resumes after a reboot)."""
-    read = f'"${{CREDENTIALS_DIRECTORY:-/nonexistent}}/{CREDENTIAL}"' if token else "/nonexistent"
-    commands = download_commands(p, hf_endpoint, ms_endpoint, stall_s=stall_s, token_read=read)
+    commands = download_commands(
+        p, hf_endpoint, ms_endpoint, stall_s=stall_s, token_read=credential_read(token)
+    )
+    return script_text(p.file, p.directory, commands)
+
+
+def credential_read(token: bool) -> str:
+    """The shell word of the file the unit's script reads the hf token from: its credential."""
+    return f'"${{CREDENTIALS_DIRECTORY:-/nonexistent}}/{CREDENTIAL}"' if token else "/nonexistent"
+
+
+def script_text(what: str, directory: str, commands: list[str]) -> str:
+    """The unit's script: ``commands`` (``step_command``), then the unit disabled."""
     return (
         "#!/bin/sh\n"
-        f"# gpubox: download {p.file} into {p.directory} (written by the deploy; run by\n"
+        f"# gpubox: download {what} into {directory} (written by the deploy; run by\n"
         f"# {UNIT}.service, see docs/models.md)\n"
         + step_command(commands)
         + f"systemctl disable -q {UNIT}.service 2>/dev/null || true\n"
@@ -300,8 +315,14 @@ def download_script(
 
 
 def unit_text(p: ModelPlan, memory_max: str, token: bool) -> str:
-    """The download unit. Enabled while a download is pending (WantedBy=multi-user.target):
-    the driver stage reboots the box mid-deploy, and the download goes on at boot by itself,
+    """The download unit of the GGUF file (``unit_text_for``)."""
+    return unit_text_for(p.file, p.directory, memory_max, token)
+
+
+def unit_text_for(what: str, directory: str, memory_max: str, token: bool) -> str:
+    """The download unit (of the GGUF file, or of the vLLM checkpoint). Enabled while a
+    download is pending (WantedBy=multi-user.target): the driver stage reboots the box
+    mid-deploy, and the download goes on at boot by itself,
     before any deploy reconnects. Low priority: idle CPU niceness, batch scheduling, the
     lowest best-effort IO priority (not the idle class, which a busy build or apt install
     would starve). MemoryMax caps the transfer, hf_xet included (its RSS was measured at
@@ -313,10 +334,10 @@ def unit_text(p: ModelPlan, memory_max: str, token: bool) -> str:
     return (
         "# gpubox: the model download in the background (docs/models.md)\n"
         "[Unit]\n"
-        f"Description=gpubox: download {p.file}\n"
+        f"Description=gpubox: download {what}\n"
         "Wants=network-online.target\n"
         "After=network-online.target\n"
-        f"RequiresMountsFor={p.directory}\n"
+        f"RequiresMountsFor={directory}\n"
         "\n"
         "[Service]\n"
         "Type=exec\n"
@@ -339,8 +360,15 @@ JOURNAL_WAIT_S = 10
 
 
 def wait_command(p: ModelPlan) -> str:
+    """The backend's wait for the GGUF file's download (``wait_for``)."""
+    return wait_for(
+        marker_matches_command(p), f"{p.file} downloaded and verified", f"a verified {p.file}"
+    )
+
+
+def wait_for(done: str, finished: str, missing: str) -> str:
     """The backend's wait for the download unit: until it is no longer running; then done
-    when the marker says the file verified (the unit disabled, the token file gone), else a
+    when the shell condition ``done`` holds (the unit disabled, the token file gone), else a
     failure with the unit's last journal lines."""
     q = shlex.quote
     return (
@@ -349,15 +377,15 @@ def wait_command(p: ModelPlan) -> str:
         '  s=$(systemctl show -p ActiveState --value "$u")\n'
         '  case "$s" in activating|active|deactivating|reloading) sleep 2 ;; *) break ;; esac\n'
         "done\n"
-        f"if {marker_matches_command(p)}; then\n"
+        f"if {done}; then\n"
         '  systemctl disable -q "$u" 2>/dev/null || true\n'
         f"  rm -f {q(layout.HF_TOKEN_FILE)}\n"
-        f'  echo "gpubox: {p.file} downloaded and verified"\n'
+        f'  echo "gpubox: {finished}"\n'
         "  exit 0\n"
         "fi\n"
         'r=$(systemctl show -p Result --value "$u")\n'
-        f'echo "gpubox: the model download ($u: $s, result $r) ended without a verified '
-        f'{p.file}; its last journal lines:" >&2\n'
+        f'echo "gpubox: the model download ($u: $s, result $r) ended without '
+        f'{missing}; its last journal lines:" >&2\n'
         # journald writes a unit's last output lines a moment after the unit ended (later
         # still on a busy box): ask it to catch up, and look again, for up to JOURNAL_WAIT_S;
         # then the unit's last lines of any run, when this run's carry no invocation ID
