@@ -14,17 +14,22 @@ from gpubox.stages.docker import docker
 from gpubox.stages.driver import driver
 from gpubox.stages.model import model_download
 from gpubox.stages.tools import tools
+from gpubox.stages.vllm_image import vllm_image_pull
 from gpubox.verify import verify
 
 current_config()
 run_stages(
-    # first: the model's download starts in the background (a systemd unit, enabled until the
-    # file verifies, so the driver's reboot does not stop it); the backend waits for it
+    # first: the model's download (the GGUF, or the vLLM checkpoint) starts in the background
+    # (a systemd unit, enabled until it is complete, so the driver's reboot does not stop it);
+    # the backend waits for it
     model_download,
     driver,
     cuda,
     docker,
     container_toolkit,
+    # the vLLM image's pull in the background (after the toolkit's restart of Docker, which
+    # would abort it); the vLLM stage waits for it
+    vllm_image_pull,
     dcgm,
     tools,
     backend,

@@ -11,7 +11,7 @@ from gpubox import stages
 from gpubox.config import load_host_config, validate
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import llamacpp as llamacpp_stage
-from gpubox.stages import llamacpp_build
+from gpubox.stages import llamacpp_build, vllm_image
 from gpubox.stages import model as model_stage
 from gpubox.stages import vllm as vllm_stage
 
@@ -255,7 +255,8 @@ def test_vllm_plan_warms_up_and_stops_llama_server(plan_of):
     )
     plan = plan_of(backend_stage.backend, {**REFERENCE, "backend": "vllm"}, answers)
     (pull,) = plan.op("Pull vllm/vllm-openai:v0.19.1")
-    assert "docker pull vllm/vllm-openai:v0.19.1" in pull  # a long step, with progress
+    # a long step, with progress: the wait for the pull's unit (gpubox.stages.vllm_image)
+    assert vllm_image.wait_command("vllm/vllm-openai:v0.19.1") in pull
     (warm,) = plan.op("Warm-up request")
     # The key reaches curl on its standard input (--config -), never in an argument.
     assert "--config - " in warm and "/etc/gpubox/api-key" in warm

@@ -7,12 +7,14 @@ model_dir with the Hub off."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 from conftest import REFERENCE, fresh_box
 
 from gpubox.config import load_host_config
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import vllm as vllm_stage
+from gpubox.stages import vllm_image
 
 VLLM = {**REFERENCE, "backend": "vllm"}
 IMAGE = "vllm/vllm-openai:v0.19.1"
@@ -56,13 +58,17 @@ def test_the_first_deploy_pulls_once_with_progress_and_makes_the_caches(plan_of)
     (pull,) = plan.op(f"Pull {IMAGE}")
     # progress.long_step: the pull runs in the background, a line every 10 s from the probe
     assert "gpubox long step" in pull and "_gb_every=10" in pull
-    assert f"docker pull {IMAGE}" in pull and f"pulling {IMAGE}" in pull
+    # the wait for the pull's unit (started here: no earlier stage did), the host's bytes
+    assert vllm_image.wait_command(IMAGE) in pull and f"pulling {IMAGE}" in pull
+    start = f"Start gpubox-vllm-pull (pull {IMAGE} in the background)"
+    assert plan.op(re.escape(start)) == ["systemctl start gpubox-vllm-pull.service"]
     (mkdir,) = plan.op("vLLM cache directories")
     assert mkdir == "mkdir -p " + " ".join(vllm_stage.cache_dirs())
     for name in ("huggingface", "vllm", "triton", "torchinductor", "torch"):
         assert f"/var/cache/gpubox/vllm/{name}" in mkdir
     # the pull comes before anything that starts the image
     names = short(plan.names)
+    assert names.index(start) < names.index(next(n for n in names if n.startswith("Pull ")))
     assert names.index(next(n for n in names if n.startswith("Pull "))) < names.index(
         "(Re)start vLLM"
     )
@@ -80,7 +86,7 @@ def test_the_cache_directories_are_made_whenever_one_is_missing(plan_of):
 def test_a_second_deploy_with_the_image_present_plans_no_pull(plan_of):
     plan = plan_of(backend_stage.backend, VLLM, converged(VLLM))
     assert not [n for n in short(plan.names) if n.startswith("Pull ")]
-    assert not [c for c in plan.commands if "docker pull" in c]
+    assert not [c for c in plan.commands if "docker pull" in c or "gpubox-vllm-pull" in c]
     assert not [c for c in plan.commands if "hf download" in c]  # the checkpoint is there
     assert not [n for n in plan.names if "cache directories" in n]
     assert "vLLM unit" not in short(plan.names)  # unchanged: no upload

@@ -366,25 +366,31 @@ def wait_command(p: ModelPlan) -> str:
     )
 
 
-def wait_for(done: str, finished: str, missing: str) -> str:
-    """The backend's wait for the download unit: until it is no longer running; then done
-    when the shell condition ``done`` holds (the unit disabled, the token file gone), else a
-    failure with the unit's last journal lines."""
+def wait_for(
+    done: str, finished: str, missing: str, unit: str = UNIT, what: str = "model download"
+) -> str:
+    """The backend's wait for a download unit (``unit``): until it is no longer running;
+    then done when the shell condition ``done`` holds (the model download's unit disabled,
+    its token file gone), else a failure with the unit's last journal lines."""
     q = shlex.quote
+    cleanup = (
+        f'  systemctl disable -q "$u" 2>/dev/null || true\n  rm -f {q(layout.HF_TOKEN_FILE)}\n'
+        if unit == UNIT
+        else ""
+    )
     return (
-        f"u={UNIT}.service\n"
+        f"u={unit}.service\n"
         "while :; do\n"
         '  s=$(systemctl show -p ActiveState --value "$u")\n'
         '  case "$s" in activating|active|deactivating|reloading) sleep 2 ;; *) break ;; esac\n'
         "done\n"
         f"if {done}; then\n"
-        '  systemctl disable -q "$u" 2>/dev/null || true\n'
-        f"  rm -f {q(layout.HF_TOKEN_FILE)}\n"
+        f"{cleanup}"
         f'  echo "gpubox: {finished}"\n'
         "  exit 0\n"
         "fi\n"
         'r=$(systemctl show -p Result --value "$u")\n'
-        f'echo "gpubox: the model download ($u: $s, result $r) ended without '
+        f'echo "gpubox: the {what} ($u: $s, result $r) ended without '
         f'{missing}; its last journal lines:" >&2\n'
         # journald writes a unit's last output lines a moment after the unit ended (later
         # still on a busy box): ask it to catch up, and look again, for up to JOURNAL_WAIT_S;

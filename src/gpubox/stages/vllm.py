@@ -38,10 +38,10 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.operations import server
 
-from gpubox import layout, progress, vllm_rules
+from gpubox import layout, vllm_rules
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, checkpoint, render, serving, units
+from gpubox.stages import ManagedFiles, checkpoint, render, serving, units, vllm_image
 
 CACHE_DIR = layout.VLLM_CACHE_DIR
 
@@ -308,12 +308,9 @@ def vllm(config: HostConfig, model_change) -> None:
         CommandOutput, command=f"docker image inspect --format '{{{{.Id}}}}' {q(image)}"
     ).strip()
     if not present:
-        # Once: the unit never pulls. Several GB: a progress line every 10 s.
-        progress.long_step(
-            name=f"Pull {image} (once)",
-            command=f"docker pull {q(image)}",
-            probe=progress.docker_pull_probe(image),
-        )
+        # Once: the unit never pulls. Several GB, pulled in the background by
+        # gpubox-vllm-pull (gpubox.stages.vllm_image): a progress line every 10 s.
+        vllm_image.wait_for_pull(config)
     # The caches' host directories, every deploy (docker would create a missing one itself,
     # but gpubox does not leave that to it).
     missing = host.get_fact(CommandOutput, command=missing_dirs_command(cache_dirs())).split()
