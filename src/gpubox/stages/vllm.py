@@ -17,8 +17,9 @@ start and keeps autotuning results on disk; the caches below live on the host, s
 reuses them, and the warm-up sends prompts of several lengths, so what is left compiles
 before a user comes.
 
-The checkpoint is downloaded by the model stage before vLLM starts (gpubox.stages.checkpoint:
-a long step with bytes, rate and ETA) into <model_dir>/<org>--<name>/; vLLM serves that
+The checkpoint is downloaded in the background (gpubox.stages.checkpoint) into
+<model_dir>/<org>--<name>/, and the image pulled in the background (gpubox.stages.vllm_image);
+this stage waits for both (long steps with bytes and rate) before vLLM starts. vLLM serves that
 directory (/models/<org>--<name> in the container) with HF_HUB_OFFLINE=1, so it never
 downloads at start, and serves it under model_alias (--served-model-name).
 
@@ -141,7 +142,7 @@ def container_env(config: HostConfig) -> dict[str, str]:
 def docker_argv(config: HostConfig) -> list[str]:
     """The unit's `docker run`. The API key reaches the container through --env-file, a file
     the unit writes from its credential at each start (runtime directory, root only). It never
-    pulls (--pull never): the deploy pulls the image once."""
+    pulls (--pull never): the deploy pulls the image once (gpubox.stages.vllm_image)."""
     image = config.catalog["vllm"]["image"]
     volumes = [f"{config.model_dir}:/models"] + [
         f"{CACHE_DIR}/{name}:{path}" for name, path in CACHES.items()
