@@ -25,12 +25,13 @@ HERE = Path(__file__).resolve().parent
 
 
 def profiled_deploy(
-    profile: Path, extra: tuple[str, ...] = ()
+    profile: Path, extra: tuple[str, ...] = (), env: tuple[str, ...] = ()
 ) -> tuple[demo.DeployRun, dict[str, Any]]:
     """demo.deploy's run (pyinfra as a user types it, in the sandbox's namespace) under
     profile_deploy.py's clocks; returns the run and its profile."""
     argv = demo.in_netns(
         [
+            *(["env", *env] if env else []),
             sys.executable,
             str(HERE / "profile_deploy.py"),
             str(profile),
@@ -136,10 +137,15 @@ def main() -> int:
     unchecked, _ = profiled_deploy(
         out / f"profile_noop_unchecked{suffix}.json", ("--data", "verify_after_deploy=false")
     )
+    # and without the read-ahead (gpubox.readahead): every fact read on the box as it comes
+    unread, _ = profiled_deploy(
+        out / f"profile_noop_no_readahead{suffix}.json", env=("GPUBOX_READAHEAD=0",)
+    )
     if not args.keep and not args.reuse:
         demo.sandbox("down", check=False)
-    if first.rc != 0 or second.rc != 0 or unchecked.rc != 0:
-        print("a deploy failed:", first.output[-2000:], second.output[-2000:], file=sys.stderr)
+    runs = (first, second, unchecked, unread)
+    if any(run.rc != 0 for run in runs):
+        print("a deploy failed:", *(run.output[-2000:] for run in runs), file=sys.stderr)
         return 1
     ratio = second.seconds / first.seconds if first.seconds else float("nan")
     figures = {
@@ -154,6 +160,8 @@ def main() -> int:
         "noop_deploy_changed": second.changed,
         "noop_over_first": round(ratio, 3),
         "noop_deploy_without_checks_s": round(unchecked.seconds, 1),
+        "noop_deploy_without_readahead_s": round(unread.seconds, 1),
+        "noop_readahead": noop_profile.get("readahead", {}),
         "noop_per_stage": per_stage(noop_profile),
         "first_per_stage": per_stage(first_profile),
     }
@@ -176,6 +184,17 @@ def main() -> int:
         f"no-op, verify_after_deploy off: {unchecked.seconds:5.1f} s  "
         f"(the quick checks cost {second.seconds - unchecked.seconds:.1f} s)"
     )
+    print(
+        f"no-op, read-ahead off:         {unread.seconds:6.1f} s  "
+        f"(the read-ahead saves {unread.seconds - second.seconds:.1f} s)"
+    )
+    for name, seen in sorted(noop_profile.get("readahead", {}).items()):
+        print(
+            f"  read-ahead on {name}: {seen.get('served', 0)} of {seen.get('read', 0)} fact "
+            f"commands answered from one round trip ({seen.get('fill_s', 0.0):.2f} s); "
+            f"{seen.get('live', 0)} read on the box"
+            + (f" (after: {seen['ended_by']})" if seen.get("ended_by") else "")
+        )
     (out / f"deploy_timing{suffix}.json").write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from gpubox import parsers, secure_boot
+from gpubox import parsers, readahead, secure_boot
 from gpubox.desktop import DESKTOP_COMMAND, Desktop, parse_desktop
 from gpubox.parsers.secure_boot import MokState, parse_mok_state
 
@@ -234,6 +234,13 @@ class CommandOutput(FactBase[str]):
         return "\n".join(output)
 
 
+class NetworkOutput(CommandOutput):
+    """CommandOutput of a command that asks a server (the Hub's sizes and listings): read
+    when the stage reads it, never ahead (gpubox.readahead)."""
+
+    readahead = False
+
+
 class DockerEngine(FactBase[dict[str, Any]]):
     """Whether a Docker engine is installed and running, and which package carries it."""
 
@@ -389,16 +396,11 @@ def read_once(cls: type[FactBase[Any]], **kwargs: Any) -> Any:
     return seen[key]
 
 
-PREFETCH_MARK = "@@gpubox-fact"
-
-
 def prefetch(*specs: tuple[type[FactBase[Any]], dict[str, Any]]) -> None:
     """Read these facts of the current host in one round trip, for read_once to answer (each
     command in its own subshell, one after the other, its output carried back in base64). A
     fact whose command fails, or that names a command it requires, is left to read_once's
     own get_fact; so is everything when the round trip fails."""
-    import base64
-
     from pyinfra import host
     from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
     from pyinfra.api.facts import _handle_fact_kwargs
@@ -414,35 +416,24 @@ def prefetch(*specs: tuple[type[FactBase[Any]], dict[str, Any]]) -> None:
         # how pyinfra would run it (sudo and the like, from the host's data)
         _, global_kwargs = _handle_fact_kwargs(host.state, host, cls, (), {})
         executor = {k: v for k, v in global_kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
+        if readahead.has(host, str(fact.command(**kwargs)), executor):
+            continue  # read_once's get_fact is answered by the read-ahead
         todo.append((key, fact, str(fact.command(**kwargs))))
     if not todo:
         return
-    script = ["d=$(mktemp -d) || exit 1; trap 'rm -rf \"$d\"' EXIT"]
-    for i, (_, _, command) in enumerate(todo):
-        script.append(
-            f'{{ (\n{command}\n) >"$d/{i}" </dev/null 2>/dev/null; echo $? >"$d/{i}.r"; }}'
-        )
-    script.append(
-        f"for i in {' '.join(str(i) for i in range(len(todo)))}; do "
-        f"o=$(base64 -w0 < \"$d/$i\"); printf '{PREFETCH_MARK} %s %s %s\\n' "
-        '"$i" "$(cat "$d/$i.r")" "${o:--}"; done'
-    )
     try:
-        ok, out = host.run_shell_command("\n".join(script), print_output=False, **executor)
+        with readahead.quiet(host):
+            ok, out = host.run_shell_command(
+                readahead.script([command for _, _, command in todo]),
+                print_output=False,
+                **executor,
+            )
     except Exception:  # noqa: BLE001 - each fact is then read alone
         return
     if not ok:
         return
-    for line in out.stdout_lines:
-        words = line.split(" ")
-        if len(words) != 4 or words[0] != PREFETCH_MARK or words[2] != "0":
-            continue
-        try:
-            key, fact, _ = todo[int(words[1])]
-            text = "" if words[3] == "-" else base64.b64decode(words[3]).decode()
-        except (ValueError, IndexError):
-            continue
-        lines = (text[:-1] if text.endswith("\n") else text).split("\n") if text else []
+    for index, lines in readahead.parse(out.stdout_lines, len(todo)).items():
+        key, fact, _ = todo[index]
         try:
             seen[key] = fact.process(lines) if lines else fact.default()
         except Exception:  # noqa: BLE001 - read alone, where pyinfra reports the error

@@ -211,17 +211,33 @@ def kernels_lacking_module(state: KernelState, driver_version: str) -> list[str]
     return [k for k in state.kernels if k not in have]
 
 
+# DKMS's "installed" read from its tree, as `dkms status` (3.x) decides it, without its
+# second of bash: a module/version is installed for kernel K and arch A when the link
+# /var/lib/dkms/MODULE/kernel-K-A resolves to /var/lib/dkms/MODULE/VERSION/K/A and that
+# directory holds the built module (its module/*.ko*). Printed in dkms status's own format.
+def dkms_installed_command(tree: str = "/var/lib/dkms") -> str:
+    t = shlex.quote(tree)
+    return (
+        f'for l in {t}/*/kernel-*; do [ -L "$l" ] || continue; '
+        'd=$(readlink -f "$l") || continue; m=${l%/kernel-*}; m=${m##*/}; '
+        f'case "$d" in {t}/"$m"/*/*/*) ;; *) continue ;; esac; '
+        'set -- "$d"/module/*.ko*; [ -e "$1" ] || continue; '
+        f'r=${{d#{t}/"$m"/}}; v=${{r%%/*}}; r=${{r#*/}}; '
+        'echo "D $m/$v, ${r%/*}, ${r##*/}: installed"; done'
+    )
+
+
 KERNEL_STATE_COMMAND = (
     'echo "R $(cat /proc/sys/kernel/osrelease)"; '
     'for f in /boot/vmlinuz-*; do [ -e "$f" ] && echo "K ${f#/boot/vmlinuz-}"; done; '
     'for d in /lib/modules/*/build; do [ -e "$d" ] && h="${d%/build}" && echo "H ${h##*/}"; done; '
-    "if command -v dkms >/dev/null 2>&1; then echo DKMS; "
-    "dkms status 2>/dev/null | sed 's/^/D /'; fi; true"
+    f"if command -v dkms >/dev/null 2>&1; then echo DKMS; {dkms_installed_command()}; fi; true"
 )
 
 
 class KernelModules(FactBase[KernelState]):
-    """The running kernel, the bootable ones, which have headers, and `dkms status`."""
+    """The running kernel, the bootable ones, which have headers, and what DKMS has installed
+    (dkms_installed_command)."""
 
     def command(self) -> str:
         return KERNEL_STATE_COMMAND

@@ -131,6 +131,8 @@ class RepoOffers(FactBase[RepoIndex]):
     """What one apt repository offers (see the module's docstring); read-only for the host's
     apt: only /var/cache/gpubox/apt-query/<name> is written."""
 
+    readahead = False  # it asks the repository (apt-get update): never read ahead
+
     def command(  # type: ignore[override]
         self, repo: str, source_line: str, packages: tuple[str, ...], at_version: str = ""
     ) -> str:

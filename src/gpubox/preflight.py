@@ -131,6 +131,9 @@ def run(config: HostConfig) -> Target:
     from gpubox import dpkg_ready  # first: wait for dpkg's locks, recover an interrupted dpkg
 
     dpkg_ready.prepare(config)
+    from gpubox import readahead  # the fact commands of the last run, in one round trip
+
+    readahead.fill()
     # the facts preflight and the driver stage read while they plan, in one round trip
     prefetch(
         *((f, {}) for f in (OsRelease, NvidiaPciDevices, UserId, RunfileDriver, DockerEngine)),

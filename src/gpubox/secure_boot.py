@@ -57,6 +57,14 @@ UBUNTU_OPENSSL_CNF = "/usr/lib/shim/mok/openssl.cnf"
 DEBIAN_SUBJECT = "/CN=DKMS module signing key"
 
 
+_MODINFO_AWK = (
+    r'{ k = $0; sub(/:.*/, "", k); v = $0; sub(/^[^:]*:[ \t]*/, "", v); '
+    "if (!(k in seen)) { seen[k] = 1; f[k] = v } } "
+    r'END { printf "MOD %s\tname=%s\tversion=%s\tsigner=%s\tsig_key=%s\n", '
+    'm, f["name"], f["version"], f["signer"], f["sig_key"] }'
+)
+
+
 def state_command(family: str) -> str:
     """One read-only shell command (exits 0) whose output parsers.secure_boot.parse_mok_state
     reads: the key's paths (framework.conf sourced as dkms sources it), whether they exist,
@@ -83,9 +91,8 @@ def state_command(family: str) -> str:
         '[ -e "$cert" ] && openssl x509 -inform DER -in "$cert" -noout -serial -subject 2>&1 '
         "| sed 's/^/X509 /'; "
         'for m in /lib/modules/"$kernelver"/updates/dkms/nvidia*.ko*; do [ -e "$m" ] || continue; '
-        "printf 'MOD %s\\tname=%s\\tversion=%s\\tsigner=%s\\tsig_key=%s\\n' \"$m\" "
-        '"$(modinfo -F name "$m" 2>/dev/null)" "$(modinfo -F version "$m" 2>/dev/null)" '
-        '"$(modinfo -F signer "$m" 2>/dev/null)" "$(modinfo -F sig_key "$m" 2>/dev/null)"; done; '
+        # one modinfo per module (each field's first line, as modinfo -F gives it)
+        f'modinfo "$m" 2>/dev/null | awk -v m="$m" {shlex.quote(_MODINFO_AWK)}; done; '
         'for d in /sys/module/nvidia*; do [ -r "$d/taint" ] && '
         'echo "LOADED ${d##*/} $(cat "$d/taint")"; done ) 2>/dev/null; true'
     )

@@ -4,6 +4,7 @@ anything (commands out). This is the Ubuntu 24.04 path's coverage: the sandbox r
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Iterator
@@ -260,3 +261,9 @@ def commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from pyinfra.connectors.fake import FakeConnector
 
     return spy_commands(monkeypatch, FakeConnector)
+
+
+# The plan tests run without the read-ahead (gpubox.readahead): run_stages would otherwise
+# wrap pyinfra's Host for the rest of the process and keep the fake hosts' fact commands in
+# the user's cache. tests/ops/test_readahead.py turns it on for its own runs.
+os.environ["GPUBOX_READAHEAD"] = "0"

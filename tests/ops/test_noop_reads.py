@@ -6,7 +6,6 @@ from __future__ import annotations
 from conftest import REFERENCE, fake_host, fresh_box, spy_commands
 
 from gpubox.facts import (
-    PREFETCH_MARK,
     CommandOutput,
     DockerEngine,
     KernelModuleLoaded,
@@ -16,6 +15,7 @@ from gpubox.facts import (
     prefetch,
     read_once,
 )
+from gpubox.readahead import MARK
 
 
 def test_a_fact_read_twice_while_planning_runs_once_per_run(commands):
@@ -41,7 +41,7 @@ def test_the_driver_and_docker_stages_read_the_shared_facts_once(commands):
 
     with fake_host(REFERENCE, fresh_box("ubuntu2404")):
         run_stages(driver, docker)
-    alone = [c for c in commands if PREFETCH_MARK not in c]  # the fake answers no batch
+    alone = [c for c in commands if MARK not in c]  # the fake answers no batch
     for fact in (DockerEngine(), LoadedDriver()):
         command = fact.command()
         assert sum(command in c for c in alone) == 1, type(fact).__name__
@@ -67,7 +67,7 @@ def test_prefetched_facts_are_read_in_one_round_trip_as_get_fact_reads_them(monk
     (local,) = list(inventory)
     with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(local):
         prefetch(*specs)
-        assert len(sent) == 1 and PREFETCH_MARK in sent[0]
+        assert len(sent) == 1 and MARK in sent[0]
         got = [read_once(cls, **kwargs) for cls, kwargs in specs]
         assert len(sent) == 1  # every answer came from the one round trip
         want = [local.get_fact(cls, **kwargs) for cls, kwargs in specs]

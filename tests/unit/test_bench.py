@@ -328,6 +328,17 @@ PINNED_PROMPT = "too often last those well"
 # ---------------------------------------------------------------- against the synthetic server
 
 
+LATE_MS = 12.0
+
+
+def on_schedule(measured_ms: float, scheduled_ms: float) -> bool:
+    """The server keeps an absolute schedule: on a busy machine a token can come late (the
+    test runs beside the sandbox tier), never early. LATE_MS stays under one token's 20 ms,
+    so a clock started or stopped one token off still fails; benchmarks/bench_accuracy.py
+    measures the accuracy itself."""
+    return scheduled_ms - 1.0 <= measured_ms <= scheduled_ms + LATE_MS
+
+
 @pytest.mark.parametrize(("concurrency", "requests"), [(1, 3), (8, 8)])
 def test_ttft_and_tpot_match_the_schedule(
     server: SyntheticServer, concurrency: int, requests: int
@@ -336,12 +347,12 @@ def test_ttft_and_tpot_match_the_schedule(
     level = report["levels"][0]
     assert (level["completed"], level["failed"]) == (requests, 0)
     assert level["total_output_tokens"] == 20 * requests
-    assert level["mean_ttft_ms"] == pytest.approx(200.0, rel=0.03)
-    assert level["median_ttft_ms"] == pytest.approx(200.0, rel=0.03)
-    assert level["mean_tpot_ms"] == pytest.approx(20.0, rel=0.03)
-    assert level["median_itl_ms"] == pytest.approx(20.0, rel=0.03)
-    assert level["mean_e2el_ms"] == pytest.approx(200 + 19 * 20, rel=0.03)
-    assert level["mean_server_decode_tps"] == pytest.approx(50.0, rel=0.03)
+    assert on_schedule(level["mean_ttft_ms"], 200.0)
+    assert on_schedule(level["median_ttft_ms"], 200.0)
+    assert level["mean_tpot_ms"] == pytest.approx(20.0, abs=1.0)
+    assert level["median_itl_ms"] == pytest.approx(20.0, abs=1.0)
+    assert on_schedule(level["mean_e2el_ms"], 200 + 19 * 20)
+    assert level["mean_server_decode_tps"] == pytest.approx(50.0, rel=0.05)
     assert report["endpoint"]["system_fingerprint"] == "synthetic-1"
 
 
@@ -350,8 +361,8 @@ def test_reasoning_deltas_count_as_the_first_token(server: SyntheticServer, fiel
     server.mode, server.reasoning_field = "reasoning", field
     level = run(server, [1], 1)["levels"][0]
     assert level["completed"] == 1
-    assert level["mean_ttft_ms"] == pytest.approx(200.0, rel=0.03)
-    assert level["mean_tpot_ms"] == pytest.approx(20.0, rel=0.03)
+    assert on_schedule(level["mean_ttft_ms"], 200.0)
+    assert level["mean_tpot_ms"] == pytest.approx(20.0, abs=1.0)
 
 
 @pytest.mark.parametrize("mode", ["early", "error"])

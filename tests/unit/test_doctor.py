@@ -630,7 +630,7 @@ def test_a_kernel_update_without_the_module_is_named_with_its_fix(host: StandinH
     host.outputs["kernels"] = str(host.outputs["kernels"]) + "K 6.1.0-31-amd64\n"
     _, verdicts, text = check(host)
     assert failed(verdicts) == {
-        "driver.kernels": f"box: no NVIDIA {PIN} module (dkms status) for kernel(s) "
+        "driver.kernels": f"box: no NVIDIA {PIN} module installed by DKMS for kernel(s) "
         "6.1.0-31-amd64: booting one of them gives no driver -> "
         f"{deploy('driver')} (runs dkms autoinstall -k KERNEL, or installs that kernel's headers)"
     }

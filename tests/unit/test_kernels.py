@@ -215,3 +215,43 @@ def test_a_meta_of_a_series_nothing_boots_gets_no_headers() -> None:
         "linux-headers-6.1.0-40-cloud-amd64",
         "linux-headers-cloud-amd64",
     ]
+
+
+def test_dkms_installed_is_read_from_its_tree_as_dkms_status_decides(tmp_path: Path) -> None:
+    """dkms 3.x's _is_module_installed: the kernel-K-A link resolves to VERSION/K/A, whose
+    module/ holds the built module; a build without the link is "built", not installed."""
+    import subprocess
+
+    tree = tmp_path / "dkms"
+
+    def build(module: str, version: str, kernel: str, ko: str | None = "nvidia.ko") -> Path:
+        d = tree / module / version / kernel / "x86_64" / "module"
+        d.mkdir(parents=True)
+        if ko:
+            (d / ko).write_text("")
+        return d.parent
+
+    installed = build("nvidia-current", "570.211.01", "6.1.0-28-amd64")
+    (tree / "nvidia-current" / "kernel-6.1.0-28-amd64-x86_64").symlink_to(
+        installed.relative_to(tree / "nvidia-current")
+    )
+    build("nvidia-current", "570.211.01", "6.1.0-30-amd64")  # built, never installed
+    zst = build("nvidia", "570.211.01", "6.8.0-88-generic", "nvidia.ko.zst")
+    (tree / "nvidia" / "kernel-6.8.0-88-generic-x86_64").symlink_to(zst)
+    empty = build("nvidia", "570.211.01", "6.8.0-90-generic", None)  # the build failed
+    (tree / "nvidia" / "kernel-6.8.0-90-generic-x86_64").symlink_to(empty)
+    (tree / "nvidia" / "kernel-6.8.0-91-generic-x86_64").symlink_to(tree / "gone")
+
+    out = subprocess.run(
+        ["sh", "-c", kernels.dkms_installed_command(str(tree))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert sorted(out.splitlines()) == [
+        "D nvidia-current/570.211.01, 6.1.0-28-amd64, x86_64: installed",
+        "D nvidia/570.211.01, 6.8.0-88-generic, x86_64: installed",
+    ]
+    state = kernels.parse_kernel_state(["R 6.8.0-88-generic", "DKMS", *out.splitlines()])
+    assert kernels.kernels_lacking_module(state, "570.211.01") == []
+    assert {e.kernel for e in state.dkms or []} == {"6.1.0-28-amd64", "6.8.0-88-generic"}

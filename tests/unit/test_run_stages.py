@@ -9,6 +9,11 @@ from gpubox.errors import DeployRefused, HostRefused, HostStopped
 from gpubox.stages import run_stages
 
 
+@pytest.fixture(autouse=True)
+def _no_readahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUBOX_READAHEAD", "0")  # no pyinfra host here to read ahead on
+
+
 def test_a_host_refused_among_others_skips_its_remaining_stages():
     ran = []
 

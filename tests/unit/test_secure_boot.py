@@ -251,3 +251,29 @@ def test_ubuntu_uses_update_secureboot_policy_when_it_is_there() -> None:
     state.has_update_secureboot_policy = False
     command = secure_boot.create_key_command("ubuntu", state)
     assert "Secure Boot Module Signature key" in command and "-outform DER" in command
+
+
+def test_one_modinfo_per_module_gives_what_modinfo_f_gives() -> None:
+    """The MOK state reads each module's name, version, signer and sig_key from one modinfo
+    (recorded output, its signature continuing over lines); an unsigned module has none."""
+    import subprocess
+
+    from gpubox.secure_boot import _MODINFO_AWK
+
+    recorded = (FIXTURES / "modinfo_signed_local.txt").read_text()
+    unsigned = "filename:       /x/nvidia.ko\nlicense:        NVIDIA\nname:           nvidia\n"
+    lines = [
+        subprocess.run(
+            ["awk", "-v", "m=/x/nvidia.ko", _MODINFO_AWK],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for text in (recorded, unsigned)
+    ]
+    assert lines == [
+        "MOD /x/nvidia.ko\tname=nvidia\tversion=570.211.01\tsigner=DKMS module signing key\t"
+        "sig_key=15:E2:AF:93:99:D6:C5:FD:A3:32:3E:A0:DF:CC:08:85:B3:87:73:45\n",
+        "MOD /x/nvidia.ko\tname=nvidia\tversion=\tsigner=\tsig_key=\n",
+    ]

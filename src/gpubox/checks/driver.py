@@ -202,7 +202,7 @@ def module_for_every_kernel(c: HostConfig, r: Reading) -> str | None:
     lacking = kernels.kernels_lacking_module(state, c.driver_version)
     if lacking:
         return (
-            f"no NVIDIA {c.driver_version} module (dkms status) for kernel(s) "
+            f"no NVIDIA {c.driver_version} module installed by DKMS for kernel(s) "
             f"{', '.join(lacking)}: booting one of them gives no driver"
         )
     return None

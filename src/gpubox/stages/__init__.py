@@ -36,6 +36,9 @@ def run_stages(*stages: Callable[[], object]) -> None:
     stage either."""
     from pyinfra.context import ctx_host
 
+    from gpubox import readahead
+
+    readahead.install()  # a no-op run reads the box once (gpubox.readahead)
     # pyinfra names an operation by the line numbers of its call stack, not the files: two
     # stages adding an operation at the same line of their modules get the same name, and
     # hosts of one run that add different sets of operations (a fresh box beside converged

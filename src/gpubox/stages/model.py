@@ -43,7 +43,7 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.facts import CommandOutput, NetworkOutput
 from gpubox.stages import ManagedFiles, as_file, checkpoint, current_config, model_script, units
 
 # The download's shell (gpubox.stages.model_script), under the names the stage's users know.
@@ -186,7 +186,7 @@ def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
     total = p.size
     size_command = remote_size_command(p, hf_endpoint) if not total else None
     if size_command:
-        announced = host.get_fact(CommandOutput, command=size_command).strip()
+        announced = host.get_fact(NetworkOutput, command=size_command).strip()
         total = int(announced) if announced.isdigit() and int(announced) > 0 else None
     model_entry = catalog["models"][config.model]
     need = total or (model_entry["weights_gib"] * 2**30 if p.file == model_entry["file"] else 0)
@@ -350,7 +350,7 @@ def begin_checkpoint(config: HostConfig) -> _Begun:
     hf_endpoint = config.hf_endpoint or config.catalog["hf"]["endpoint"]
     listing = checkpoint.parse_listing(
         host.get_fact(
-            CommandOutput,
+            NetworkOutput,
             command=checkpoint.listing_command(c.repo, hf_endpoint, c.revision or "main"),
         )
     )
