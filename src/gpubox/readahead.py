@@ -262,13 +262,15 @@ def load(host_name: str) -> list[dict[str, Any]]:
 
 
 def script(commands: list[str]) -> str:
-    """One shell script that runs each command in a subshell of its own, one after the other,
-    and prints per command a line: MARK, its index, its exit status, its stdout in base64."""
+    """One shell script that runs each command in a subshell of its own, side by side (they
+    only read; most of their time is starting processes), waits for them all, and prints per
+    command a line: MARK, its index, its exit status, its stdout in base64."""
     lines = ["d=$(mktemp -d) || exit 1; trap 'rm -rf \"$d\"' EXIT"]
     for i, command in enumerate(commands):
         lines.append(
-            f'{{ (\n{command}\n) >"$d/{i}" </dev/null 2>/dev/null; echo $? >"$d/{i}.r"; }}'
+            f'{{ (\n{command}\n) >"$d/{i}" </dev/null 2>/dev/null; echo $? >"$d/{i}.r"; }} &'
         )
+    lines.append("wait")
     lines.append(
         f"for i in {' '.join(str(i) for i in range(len(commands)))}; do "
         f"o=$(base64 -w0 < \"$d/$i\"); printf '{MARK} %s %s %s\\n' "

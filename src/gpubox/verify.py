@@ -56,15 +56,27 @@ def runner(pyinfra_host: object, sudo: dict[str, bool]) -> checks.Runner:
     return run
 
 
-def batch_command(commands: list[str]) -> str:
-    """Shell that runs ``commands`` one after the other, each in its own subshell with no
-    input, then prints one line per command: the mark, its index, its exit status, its
-    standard output and standard error in base64 ("-" when empty)."""
+def batch_command(commands: list[str], in_turn: Iterable[str] = ()) -> str:
+    """Shell that runs ``commands``, each in its own subshell with no input: side by side,
+    except those in ``in_turn``, which run one after the other once the others have ended;
+    then prints one line per command: the mark, its index, its exit status, its standard
+    output and standard error in base64 ("-" when empty)."""
+    alone = set(in_turn)
     parts = ["d=$(mktemp -d) || exit 1; trap 'rm -rf \"$d\"' EXIT"]
-    for i, command in enumerate(commands):
-        parts.append(
-            f'{{ (\n{command}\n) >"$d/{i}.o" 2>"$d/{i}.e" </dev/null; echo $? >"$d/{i}.r"; }}'
-        )
+    order = [i for i, c in enumerate(commands) if c not in alone]
+    order += [i for i, c in enumerate(commands) if c in alone]
+    waited = False
+    for i in order:
+        run = f'{{ (\n{commands[i]}\n) >"$d/{i}.o" 2>"$d/{i}.e" </dev/null; echo $? >"$d/{i}.r"; }}'
+        if commands[i] in alone:
+            if not waited:
+                parts.append("wait")
+                waited = True
+            parts.append(run)
+        else:
+            parts.append(run + " &")
+    if not waited:
+        parts.append("wait")
     parts.append(
         f"for i in {' '.join(str(i) for i in range(len(commands)))}; do "
         'o=$(base64 -w0 < "$d/$i.o"); e=$(base64 -w0 < "$d/$i.e"); '
@@ -112,13 +124,13 @@ class Batch:
             return self.outputs[command]
         return self.alone(command)
 
-    def read(self, commands: Iterable[str]) -> None:
+    def read(self, commands: Iterable[str], in_turn: Iterable[str] = ()) -> None:
         todo = [c for c in dict.fromkeys(commands) if c not in self.outputs]
         if not todo:
             return
         try:
             _, out = self.host.run_shell_command(  # type: ignore[attr-defined]
-                batch_command(todo), print_output=False, _timeout=300, **self.sudo
+                batch_command(todo, in_turn), print_output=False, _timeout=300, **self.sudo
             )
         except Exception:  # noqa: BLE001 - each command is then run alone, as before
             return
@@ -135,7 +147,7 @@ def read_ahead(
     target = facts.target
     # in the order the checks read them
     names = [n for n in dict.fromkeys(n for c in chosen for n in c.reads) if n != "os_release"]
-    commands = []
+    commands, in_turn = [], []
     for name in names:
         fact = FACTS.get(name)
         if fact is None or fact.active:
@@ -143,7 +155,9 @@ def read_ahead(
         command = fact.command_for(config, target)
         if command is not None:
             commands.append(command)
-    batch.read(commands)
+            if fact.in_turn:
+                in_turn.append(command)
+    batch.read(commands, in_turn)
 
 
 def failures(verdicts: list[checks.Verdict]) -> str:

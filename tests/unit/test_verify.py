@@ -93,3 +93,22 @@ def test_the_batch_reads_every_fact_in_one_round_trip_as_the_runner_would():
 def test_a_batch_line_that_does_not_parse_leaves_that_command_to_run_alone():
     found = verify.parse_batch(["a", "b"], ["@@gpubox-batch 0 0 aGk= -", "@@gpubox-batch 1 x - -"])
     assert found == {"a": checks.Output(0, "hi\n", "", "a")}
+
+
+def test_in_turn_commands_run_one_by_one_after_the_others_which_run_side_by_side():
+    """The API's requests and the process listing (Fact.in_turn) never run beside anything;
+    the other facts run side by side."""
+    side = [f"date +%s%N; sleep 0.5; date +%s%N; echo {i} >/dev/null" for i in range(3)]
+    turn = [f"date +%s%N; sleep 0.2; date +%s%N; echo t{i} >/dev/null" for i in range(2)]
+    batch = verify.Batch(ShellHost(), {})
+    batch.read([turn[0], *side, turn[1]], in_turn=turn)
+
+    def span(command: str) -> tuple[int, int]:
+        start, end = (int(x) for x in batch(command).stdout.split())
+        return start, end
+
+    sides = [span(c) for c in side]
+    assert max(s for s, _ in sides) < min(e for _, e in sides)  # they overlapped
+    first, second = span(turn[0]), span(turn[1])
+    assert first[0] >= max(e for _, e in sides)  # after every side-by-side one ended
+    assert second[0] >= first[1]  # and one after the other

@@ -60,13 +60,17 @@ class Fact:
     the command (None: the fact does not exist for this configuration). ``ok`` lists the exit
     statuses whose output is still a reading (``grep`` finding nothing exits 1). ``active``
     facts act on the host for a moment (run a container, load the GPUs, reload systemd) or
-    take many seconds: the host checks read them, doctor and the deploy do not."""
+    take many seconds: the host checks read them, doctor and the deploy do not. ``in_turn``
+    facts (the API's requests, the process listing) run one after the other once the others,
+    which run side by side, have ended: a request would show in the listing, and the server
+    has few slots."""
 
     name: str
     command: str | CommandFor
     parse: Callable[[str], Any] | None = None
     ok: tuple[int, ...] = (0,)
     active: bool = False
+    in_turn: bool = False
     parser_name: str = ""
 
     def command_for(self, config: HostConfig, target: Target | None) -> str | None:
