@@ -100,7 +100,7 @@ def cmd_checks(args: argparse.Namespace) -> int:
     rows = [
         (
             c.id,
-            c.marker or "full",
+            c.marker or "none",
             "host checks"
             if c.active
             else "host checks, doctor"

@@ -54,6 +54,9 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
         "no:cacheprovider",
         "-p",
         "gpubox.hostchecks.plugin",
+        # gpubox imported the plugin (and testinfra) before pytest started: nothing to rewrite
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
         "--inventory",
         args.inventory,
         "-v" if args.verbose else "-q",
