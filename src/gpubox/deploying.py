@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -97,6 +98,12 @@ def targeted(
     return picked
 
 
+def pyinfra_executable() -> str:
+    """The pyinfra beside this Python (the venv gpubox is installed in), else on PATH."""
+    beside = Path(sys.executable).parent / "pyinfra"
+    return str(beside) if beside.is_file() else shutil.which("pyinfra") or str(beside)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpubox deploy",
@@ -155,7 +162,7 @@ def main(
             file=sys.stderr,
         )
         return reach.UNREACHABLE
-    command = [str(Path(sys.executable).parent / "pyinfra")]
+    command = [pyinfra_executable()]
     command += ["--dry"] * args.dry + ["-y"] * args.yes
     command += [f"--limit={limit}" for limit in args.limit]
     command += [*rest, args.inventory, str(DEPLOY_DIR / "full.py")]
