@@ -5,7 +5,7 @@ and no host is contacted) and every targeted host is probed over SSH (``gpubox.r
 one cannot be reached, nothing is deployed anywhere: one line per such host
 (``NAME: unreachable: WHY``) and exit 3; ``--limit`` the others to deploy them. Otherwise
 pyinfra runs ``gpubox/deploy/full.py`` with every other option passed through; its output is
-pyinfra's, and a failed run exits 1.
+pyinfra's, and a failed run exits 1 (2 when pyinfra refuses an option).
 
 ``--stage NAME`` (repeatable) runs only the named stages of the full deploy, in the full
 deploy's order; the deploy file reads them from ``$GPUBOX_STAGES``."""
@@ -171,4 +171,5 @@ def main(
     if stages:
         env[STAGES_ENV] = ",".join(stages)
     rc = subprocess.run(command, env=env, check=False).returncode
-    return reach.OK if rc == 0 else reach.DEVIATES
+    # pyinfra (click) exits 2 for an option it does not take: bad input, nothing run
+    return {0: reach.OK, 2: reach.BAD_INPUT}.get(rc, reach.DEVIATES)

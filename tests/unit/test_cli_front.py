@@ -149,6 +149,8 @@ def test_a_reachable_inventory_runs_pyinfra_on_the_packaged_deploy(tmp_path, mon
     assert command_line[1] == "-y" and deploying.STAGES_ENV not in env
     pyinfra.rc = 1
     assert cli.main(["deploy", inventory, "-y"]) == reach.DEVIATES
+    pyinfra.rc = 2  # click's usage error: an option pyinfra does not take
+    assert cli.main(["deploy", inventory, "--no-such-option"]) == reach.BAD_INPUT
 
 
 def test_a_limit_naming_no_host_is_a_group_and_every_host_is_probed():
