@@ -107,11 +107,13 @@ def pyinfra_executable() -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpubox deploy",
+        allow_abbrev=False,  # an abbreviation may be one of pyinfra's options
         description=(
             "Validate the inventory, probe its hosts over SSH, then converge them with "
             "pyinfra and the full deploy shipped in gpubox. Options not listed here are "
-            "pyinfra's and pass through (pyinfra --help). Exit: 0 done, 1 a deploy failed, "
-            "2 bad input (nothing contacted), 3 a host unreachable (nothing deployed)."
+            "pyinfra's and pass through (pyinfra --help), after the inventory. Exit: 0 done, "
+            "1 a deploy failed, 2 bad input (nothing contacted), 3 a host unreachable "
+            "(nothing deployed)."
         ),
     )
     p.add_argument("inventory", help="a pyinfra inventory file (inventories/example.py)")
