@@ -58,6 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if config.getoption("--inventory"):
+        _hosts(config)  # an inventory that cannot be read is a usage error, before collecting
     if not config.pluginmanager.has_plugin("gpubox-hostchecks-put-back"):
         config.pluginmanager.register(_PutBack(), "gpubox-hostchecks-put-back")
 
@@ -66,7 +68,11 @@ def _hosts(config: pytest.Config) -> list[tuple[str, dict[str, Any]]]:
     path = config.getoption("--inventory")
     if not path:
         raise pytest.UsageError("the host checks need --inventory INVENTORY (a pyinfra inventory)")
-    return [h for h in inventory.load(path) if h[0] not in REPORTED]
+    try:
+        hosts = inventory.load(path)
+    except inventory.InventoryError as exc:
+        raise pytest.UsageError(f"cannot read {path}: {exc}") from None
+    return [h for h in hosts if h[0] not in REPORTED]
 
 
 def unreachable(config: pytest.Config) -> dict[str, str]:
