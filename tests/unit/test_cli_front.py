@@ -300,3 +300,13 @@ def test_keys_lists_every_key(capsys):
         "| `gpu_count` | int | `2` | how many GPUs of gpu_model the box has; at least 1 |" in table
     )
     assert "one of `refuse`, `uninstall`" in table
+
+
+def test_pytest_tests_host_with_an_inventory_it_cannot_read_is_one_usage_line(tmp_path):
+    done, _ = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/host"]
+        + ["--inventory", str(tmp_path / "missing.py")]
+    )
+    assert done.returncode == 4  # pytest's usage error
+    assert f"ERROR: cannot read {tmp_path / 'missing.py'}: no such file" in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
