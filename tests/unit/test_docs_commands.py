@@ -306,3 +306,10 @@ def test_the_checker_fails_what_does_not_work():
         assert problems_of(shown), shown.text
     assert problems_of(Shown("x.md", "gpubox check inventories/example.py")) == []
     assert problems_of(Shown("x.md", "gpubox sandbox fault gpu-missing|clear [--gpu N]")) == []
+
+
+def test_every_known_stale_entry_is_still_shown():
+    """An entry the docs no longer show leaves KNOWN_STALE too (the list never outlives it)."""
+    shown = {s.key for s in SHOWN} | {s.key for s in shown_tests()}
+    gone = sorted(KNOWN_STALE - shown)
+    assert gone == [], f"no longer in the docs, take out of KNOWN_STALE: {gone}"
