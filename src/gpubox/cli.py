@@ -230,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("doctor", help="the whole box on one screen, and every deviation (read-only)")
     sub.add_parser("nvlink", help="watch NVLink traffic per GPU (dcgmi dmon, labelled)")
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # `gpubox keys | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
