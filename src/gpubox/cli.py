@@ -100,7 +100,7 @@ def cmd_checks(args: argparse.Namespace) -> int:
     rows = [
         (
             c.id,
-            c.marker or "full",
+            c.marker or "none",
             "host checks"
             if c.active
             else "host checks, doctor"
@@ -121,8 +121,71 @@ def cmd_checks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _type_text(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def _default_text(key: Any) -> str:
+    import json
+
+    if key.default is None:
+        return "derived" if key.derive is not None else "none"
+    return f"`{json.dumps(key.default)}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Every inventory key: name, type, default, what it means (and what it accepts)."""
+    from gpubox.config.keys import KEYS
+
+    if args.markdown:
+        print("| key | type | default | meaning |")
+        print("|---|---|---|---|")
+    for key in KEYS:
+        accepts = ""
+        if key.choices:
+            accepts = "; one of " + ", ".join(f"`{c}`" for c in key.choices)
+        elif key.min is not None or key.max is not None:
+            accepts = f"; {key.range_text()}"
+        if args.markdown:
+            cells = [f"`{key.name}`", _type_text(key.type), _default_text(key), key.doc + accepts]
+            print("| " + " | ".join(_cell(c) for c in cells) + " |")
+        else:
+            print(f"{key.name:<28} {_type_text(key.type):<12} {key.doc}{accepts}")
+    return 0
+
+
+def version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("gpubox")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: run pip install .)"
+
+
+def cmd_deploy(argv: list[str]) -> int:
+    from gpubox import deploying
+
+    return deploying.main(argv, _load_hosts, _report)
+
+
+def cmd_verify(argv: list[str]) -> int:
+    from gpubox.hostchecks import command
+
+    return command.main(argv, _load_hosts, _report)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["deploy"]:
+        return cmd_deploy(argv[1:])
+    if argv[:1] == ["verify"]:
+        return cmd_verify(argv[1:])
     if argv[:1] == ["sandbox"]:
         from gpubox.sandbox.cli import main as sandbox_main
 
@@ -139,14 +202,25 @@ def main(argv: list[str] | None = None) -> int:
         from gpubox.nvlink import main as nvlink_main
 
         return nvlink_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="gpubox", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gpubox",
+        description=__doc__,
+        epilog="Exit codes: 0 fine, 1 a host deviates or a deploy failed, 2 bad input "
+        "(nothing contacted), 3 a host unreachable, 4 a stop that waits for the owner.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpubox {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("deploy", help="validate the inventory, then converge its hosts (pyinfra)")
+    sub.add_parser("verify", help="run every host check on the inventory's hosts (pytest)")
     check = sub.add_parser("check", help="validate an inventory offline (no host is contacted)")
     check.add_argument("inventory")
     check.set_defaults(func=cmd_check)
     listing = sub.add_parser("checks", help="list every check on a box (id, marker, title)")
     listing.add_argument("--markdown", action="store_true", help="as a Markdown table")
     listing.set_defaults(func=cmd_checks)
+    keys = sub.add_parser("keys", help="list every inventory key (type, default, meaning)")
+    keys.add_argument("--markdown", action="store_true", help="as a Markdown table")
+    keys.set_defaults(func=cmd_keys)
     burnin = sub.add_parser("burnin", help="burn in every host's GPUs (gpu-burn, dcgmi diag)")
     burnin.add_argument("inventory")
     burnin.add_argument("--seconds", type=int, help="override burnin_seconds")
@@ -156,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("doctor", help="the whole box on one screen, and every deviation (read-only)")
     sub.add_parser("nvlink", help="watch NVLink traffic per GPU (dcgmi dmon, labelled)")
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # `gpubox keys | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -4,13 +4,11 @@ the size the Hub announces, and that size in the disk check."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import REFERENCE, fake_host, fresh_box
 from pyinfra.api.command import FileUploadCommand
 
-from gpubox import progress
+from gpubox import deploying, progress
 from gpubox.config import load_host_config
 from gpubox.stages import model as model_stage
 
@@ -224,9 +222,8 @@ def test_the_early_stage_starts_it_and_the_backend_only_waits(plan_of):
     assert (
         plan.names.index(next(n for n in plan.names if "Start gpubox" in n)) < len(plan.names) - 1
     )
-    full = (Path(__file__).parents[2] / "deploy" / "full.py").read_text()
-    stages = full.split("run_stages(", 1)[1]
-    assert stages.index("model_download,") < stages.index("driver,") < stages.index("backend,")
+    stages = deploying.FULL_STAGES
+    assert stages.index("model_download") < stages.index("driver") < stages.index("backend")
 
 
 def test_without_an_announced_size_the_progress_has_no_total(plan_of):

@@ -7,12 +7,12 @@ pull) and before the backend."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from conftest import REFERENCE, fresh_box
 from test_model_download_plan import uploads
 
+from gpubox import deploying
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import vllm_image
 
@@ -82,13 +82,12 @@ def test_nothing_is_pulled_when_the_image_is_there_or_vllm_is_not_the_backend(
 
 
 def test_full_runs_it_after_the_toolkit_and_before_the_backend():
-    full = (Path(__file__).parents[2] / "deploy" / "full.py").read_text()
-    stages = full.split("run_stages(", 1)[1]
+    stages = deploying.FULL_STAGES
     assert (
-        stages.index("docker,")
-        < stages.index("container_toolkit,")
-        < stages.index("vllm_image_pull,")
-        < stages.index("backend,")
+        stages.index("docker")
+        < stages.index("container_toolkit")
+        < stages.index("vllm_image_pull")
+        < stages.index("backend")
     )
 
 

@@ -88,7 +88,10 @@ def write_plot(reports: dict[str, dict[str, Any]], path: str) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "--plot needs matplotlib (pip install matplotlib); no plot was drawn"
+        return (
+            "--plot needs matplotlib, the optional extra 'plot' (pip install 'gpubox[plot]'); "
+            "no plot was drawn"
+        )
 
     def figure(value: Any) -> float:
         return float("nan") if value is None else float(value)  # a gap, never a fake 0

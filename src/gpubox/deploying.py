@@ -1,0 +1,177 @@
+"""`gpubox deploy INVENTORY`: the full deploy shipped inside the package, run by pyinfra.
+
+Before pyinfra starts, the whole inventory is validated (as ``gpubox check``: a bad one exits 2
+and no host is contacted) and every targeted host is probed over SSH (``gpubox.reach``). When
+one cannot be reached, nothing is deployed anywhere: one line per such host
+(``NAME: unreachable: WHY``) and exit 3; ``--limit`` the others to deploy them. Otherwise
+pyinfra runs ``gpubox/deploy/full.py`` with every other option passed through; its output is
+pyinfra's, and a failed run exits 1 (2 when pyinfra refuses an option).
+
+``--stage NAME`` (repeatable) runs only the named stages of the full deploy, in the full
+deploy's order; the deploy file reads them from ``$GPUBOX_STAGES``."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpubox import reach
+
+# The full deploy's stages, in the order they run (gpubox/deploy/full.py maps each name to
+# its stage function).
+FULL_STAGES = (
+    # first: the model's download (the GGUF, or the vLLM checkpoint) starts in the background
+    # (a systemd unit, enabled until it is complete, so the driver's reboot does not stop it);
+    # the backend waits for it
+    "model_download",
+    "driver",
+    "cuda",
+    "docker",
+    "container_toolkit",
+    # the vLLM image's pull in the background (after the toolkit's restart of Docker, which
+    # would abort a pull); the vLLM stage waits for it
+    "vllm_image_pull",
+    "dcgm",
+    "tools",
+    "backend",
+    "verify",
+)
+STAGES_ENV = "GPUBOX_STAGES"
+DEPLOY_DIR = Path(__file__).resolve().parent / "deploy"
+
+T = TypeVar("T")
+
+
+def chosen(stages: dict[str, T], env: dict[str, str] | None = None) -> list[T]:
+    """The stages to run, in ``FULL_STAGES`` order: all of them, or those named (comma
+    separated) in ``$GPUBOX_STAGES``. An unknown name is an error naming the valid ones."""
+    value = (os.environ if env is None else env).get(STAGES_ENV, "").strip()
+    if not value:
+        return [stages[name] for name in FULL_STAGES]
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    bad = unknown(names)
+    if bad:
+        raise ValueError(f"{STAGES_ENV}: unknown stage(s) {', '.join(bad)}; {valid_text()}")
+    return [stages[name] for name in FULL_STAGES if name in names]
+
+
+def unknown(names: Sequence[str] | set[str]) -> list[str]:
+    return sorted(set(names) - set(FULL_STAGES))
+
+
+def valid_text() -> str:
+    return "the stages are: " + ", ".join(FULL_STAGES)
+
+
+def probe_all(
+    hosts: list[tuple[str, dict[str, Any]]],
+    probe: Callable[[str, dict[str, Any]], str | None] | None = None,
+) -> dict[str, str | None]:
+    """Every host probed at once (one SSH timeout in all, not one per host)."""
+    run = probe or reach.probe
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        found = pool.map(lambda host: run(host[0], host[1]), hosts)
+        return {name: why for (name, _), why in zip(hosts, found, strict=True)}
+
+
+def targeted(
+    hosts: list[tuple[str, dict[str, Any]]], limits: list[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The hosts a ``--limit`` selects by name (fnmatch, comma separated as pyinfra takes
+    them); every host when there is none, or when a limit names no host (a group)."""
+    patterns = [p for limit in limits for p in limit.split(",") if p]
+    if not patterns:
+        return hosts
+    picked = [h for h in hosts if any(fnmatch.fnmatch(h[0], p) for p in patterns)]
+    if any(not any(fnmatch.fnmatch(n, p) for n, _ in hosts) for p in patterns):
+        return hosts
+    return picked
+
+
+def pyinfra_executable() -> str:
+    """The pyinfra beside this Python (the venv gpubox is installed in), else on PATH."""
+    beside = Path(sys.executable).parent / "pyinfra"
+    return str(beside) if beside.is_file() else shutil.which("pyinfra") or str(beside)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpubox deploy",
+        allow_abbrev=False,  # an abbreviation may be one of pyinfra's options
+        description=(
+            "Validate the inventory, probe its hosts over SSH, then converge them with "
+            "pyinfra and the full deploy shipped in gpubox. Options not listed here are "
+            "pyinfra's and pass through (pyinfra --help), after the inventory. Exit: 0 done, "
+            "1 a deploy failed, 2 bad input (nothing contacted), 3 a host unreachable "
+            "(nothing deployed)."
+        ),
+    )
+    p.add_argument("inventory", help="a pyinfra inventory file (inventories/example.py)")
+    p.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this stage of the full deploy (repeatable); " + valid_text(),
+    )
+    p.add_argument("--dry", action="store_true", help="pyinfra's --dry: show, change nothing")
+    p.add_argument("-y", "--yes", action="store_true", help="pyinfra's -y: do not ask first")
+    p.add_argument(
+        "--limit", action="append", default=[], help="pyinfra's --limit: only these hosts"
+    )
+    return p
+
+
+def main(
+    argv: list[str],
+    load_hosts: Callable[[str, str], list[tuple[str, dict[str, Any]]] | None],
+    report: Callable[..., int],
+    probe: Callable[[str, dict[str, Any]], str | None] | None = None,
+) -> int:
+    args, rest = parser().parse_known_args(argv)
+    stages = [n for s in args.stage for n in s.split(",") if n]
+    bad = unknown(stages)
+    if bad:
+        print(f"gpubox deploy: unknown stage(s) {', '.join(bad)}; {valid_text()}", file=sys.stderr)
+        return reach.BAD_INPUT
+    hosts = load_hosts("deploy", args.inventory)
+    if hosts is None:
+        return reach.BAD_INPUT
+    errors = report(hosts, {}, warnings=False)
+    if errors:
+        print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
+        return reach.BAD_INPUT
+    found = probe_all(targeted(hosts, args.limit), probe)
+    down = {name: why for name, why in found.items() if why is not None}
+    if down:
+        for name, why in down.items():
+            print(reach.unreachable_line(name, why))
+        up = [name for name in found if name not in down]
+        hint = f"; to deploy the others: --limit {','.join(up)}" if up else ""
+        print(
+            f"gpubox deploy: {len(down)} of {len(found)} host(s) unreachable, nothing was "
+            f"deployed{hint}",
+            file=sys.stderr,
+        )
+        return reach.UNREACHABLE
+    command = [pyinfra_executable()]
+    command += ["--dry"] * args.dry + ["-y"] * args.yes
+    command += [f"--limit={limit}" for limit in args.limit]
+    command += [*rest, args.inventory, str(DEPLOY_DIR / "full.py")]
+    env = dict(os.environ)
+    env.pop(STAGES_ENV, None)
+    if stages:
+        env[STAGES_ENV] = ",".join(stages)
+    rc = subprocess.run(command, env=env, check=False).returncode
+    # pyinfra (click) exits 2 for an option it does not take: bad input, nothing run
+    return {0: reach.OK, 2: reach.BAD_INPUT}.get(rc, reach.DEVIATES)
