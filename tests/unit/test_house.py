@@ -150,3 +150,13 @@ def test_nothing_in_the_repository_points_outside_it():
         and outside in (ROOT / name).read_text(encoding="utf-8", errors="replace")
     ]
     assert found == []
+
+
+def test_the_readme_is_a_front_door_not_a_manual():
+    """About 200 lines for the person rebuilding a box; the rest lives in docs/, where the
+    README links to every page."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    linked = {name for name in pages if f"docs/{name}" in readme}
+    assert pages - linked == set()
