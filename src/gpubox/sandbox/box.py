@@ -842,8 +842,7 @@ def load_check_images(
         try:
             image = load_check_image(info)
         except SandboxError as exc:
-            results.append((info, exc))
-            progress(f"{info['name']}: the check image could not be loaded")
+            results.append((info, exc))  # the caller says why
         else:
             results.append((info, image))
             progress(f"{info['name']}: check image {image} loaded")

@@ -105,7 +105,7 @@ def _images() -> int:
     results = box.load_check_images()
     failed = [(info, r) for info, r in results if isinstance(r, box.SandboxError)]
     for info, error in failed:
-        print(f"gpubox sandbox: error: {info['name']}: {error}", file=sys.stderr)
+        print(f"gpubox sandbox: error: {info['name']}: {str(error).strip()}", file=sys.stderr)
     for image in dict.fromkeys(r for _, r in results if isinstance(r, str)):
         print(image)
     return 1 if failed else 0
