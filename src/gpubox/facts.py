@@ -13,6 +13,7 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from gpubox import parsers, readahead, secure_boot
+from gpubox import users as users_module
 from gpubox.desktop import DESKTOP_COMMAND, Desktop, parse_desktop
 from gpubox.parsers.secure_boot import MokState, parse_mok_state
 
@@ -78,6 +79,20 @@ class UserId(FactBase[int]):
 
     def process(self, output: list[str]) -> int:
         return int(output[0].strip())
+
+
+class UserGroups(FactBase[dict[str, list[str] | None]]):
+    """Each named user's groups, None for a user the box does not have (docker_users)."""
+
+    def command(self, users: tuple[str, ...]) -> str:  # type: ignore[override]
+        return users_module.groups_command(users)
+
+    @staticmethod
+    def default() -> dict[str, list[str] | None]:
+        return {}
+
+    def process(self, output: list[str]) -> dict[str, list[str] | None]:
+        return parsers.parse_user_groups("\n".join(output))
 
 
 class HeldPackages(FactBase[set[str]]):

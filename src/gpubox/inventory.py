@@ -9,8 +9,9 @@ from typing import Any
 
 
 class InventoryError(Exception):
-    """An inventory file that cannot be read. The message is one line saying what went wrong
-    (the exception the file raised, and its line); callers name the file:
+    """An inventory file that cannot be read. The message says what went wrong in one line
+    (the exception the file raised, and its line; a directory; no such file), and for a file
+    that defines no hosts adds an example of the format; callers name the file:
     ``cannot read {exc.path}: {exc}``."""
 
     def __init__(self, path: str, message: str):
@@ -18,22 +19,56 @@ class InventoryError(Exception):
         super().__init__(message)
 
 
+# What `gpubox check` shows for a file that defines no hosts.
+FORMAT_EXAMPLE = """\
+an inventory is a Python file whose lists name the hosts, each a name and its data, e.g.:
+    hosts = [
+        ("mybox", {"ssh_hostname": "192.0.2.10", "ssh_user": "root",
+                   "gpu_model": "Tesla V100-SXM2-32GB", "gpu_count": 2}),
+    ]
+(inventories/example.py in gpubox's source is one; docs/keys.md lists the keys)"""
+
+
 def load(path: str) -> list[tuple[str, dict[str, Any]]]:
     """(host name, merged host data) for every host of a pyinfra inventory file. Raises
-    InventoryError (a one-line message) when the file is missing or raises when run."""
+    InventoryError when the path is no file (missing, a directory), when the file raises when
+    run, or when it defines no hosts."""
     from pyinfra.api import Config, Inventory, State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
-    if not Path(path).is_file():
-        raise InventoryError(path, "no such file")
+    _check_path(path)
     # pyinfra executes inventory files inside a state context; this state connects nothing.
     try:
         with ctx_state.use(State(Inventory(([], {})), Config())):
             inventory = make_inventory(path, cwd=os.getcwd())
-        return [(host.name, host.data.dict()) for host in inventory]
+        hosts = [(host.name, host.data.dict()) for host in inventory]
     except (Exception, SystemExit) as exc:
         raise InventoryError(path, _describe(exc, path)) from None
+    if not hosts:
+        raise InventoryError(path, f"it defines no hosts; {FORMAT_EXAMPLE}")
+    return hosts
+
+
+def _check_path(path: str) -> None:
+    """InventoryError unless ``path`` is a file: a directory names the inventory files in it."""
+    where = Path(path)
+    if where.is_dir():
+        inside = sorted(
+            str(where / f.name)
+            for f in where.iterdir()
+            if f.suffix == ".py" and f.is_file() and not f.name.startswith("_")
+        )
+        hint = (
+            f": name one of its inventory files, e.g. {', '.join(inside[:5])}"
+            if inside
+            else " with no inventory file (a .py file) in it"
+        )
+        raise InventoryError(path, f"is a directory, not an inventory file{hint}")
+    if not where.exists():
+        raise InventoryError(path, "no such file")
+    if not where.is_file():
+        raise InventoryError(path, "not a regular file")
 
 
 def _describe(exc: BaseException, path: str) -> str:

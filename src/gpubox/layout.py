@@ -49,6 +49,9 @@ HF_VENV = "/opt/gpubox/hf-venv"
 MODELSCOPE_VENV = "/opt/gpubox/modelscope-venv"
 HF_TOKEN_FILE = "/root/.cache/gpubox/hf-token"
 
+# --- groups
+DOCKER_GROUP = "docker"  # its members use Docker's socket without sudo (root on the box)
+
 # --- systemd units (names without ".service")
 PERSISTENCED = "nvidia-persistenced"
 DOCKER = "docker"

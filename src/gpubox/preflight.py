@@ -25,6 +25,7 @@ def evaluate(
     pci_devices: list[Any],
     uid: int,
     runfile_state: Any = None,  # gpubox.runfile.RunfileState: a driver from NVIDIA's .run
+    user_groups: Mapping[str, list[str] | None] | None = None,  # docker_users' (UserGroups)
 ) -> list[Problem]:
     """The host's problems (errors refuse the run, warnings are logged). Secure Boot is no
     refusal: the driver stage signs the module with DKMS's enrolled key (gpubox.secure_boot)."""
@@ -102,6 +103,18 @@ def evaluate(
         from gpubox import runfile
 
         problems += runfile.problems(config, runfile_state)
+    missing = [u for u in config.docker_users if (user_groups or {}).get(u) is None]
+    if missing:
+        them = "it" if len(missing) == 1 else "them"
+        problems.append(
+            Problem(
+                name,
+                "docker_users",
+                f"no user {', '.join(map(repr, missing))} on the box: create {them} first ("
+                + "; ".join(f"sudo adduser {u}" for u in missing)
+                + f"), or take {them} out of docker_users",
+            )
+        )
     return problems
 
 
@@ -119,6 +132,7 @@ def run(config: HostConfig) -> Target:
         NvidiaPciDevices,
         OsRelease,
         SecureBoot,
+        UserGroups,
         UserId,
         prefetch,
         read_once,
@@ -134,11 +148,13 @@ def run(config: HostConfig) -> Target:
     from gpubox import readahead  # the fact commands of the last run, in one round trip
 
     readahead.fill()
+    users = {"users": tuple(config.docker_users)}
     # the facts preflight and the driver stage read while they plan, in one round trip
     prefetch(
         *((f, {}) for f in (OsRelease, NvidiaPciDevices, UserId, RunfileDriver, DockerEngine)),
         *((f, {}) for f in (KeptOffers, SecureBoot, DesktopState, LoadedDriver)),
         (KernelModuleLoaded, {"module": "nouveau"}),
+        *([(UserGroups, users)] if config.docker_users else []),
     )
     os_release = read_once(OsRelease)
     problems = evaluate(
@@ -147,6 +163,7 @@ def run(config: HostConfig) -> Target:
         read_once(NvidiaPciDevices),
         read_once(UserId),
         read_once(RunfileDriver),
+        read_once(UserGroups, **users) if config.docker_users else None,
     )
     for problem in problems:
         if problem.severity == "warning":

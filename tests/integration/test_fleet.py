@@ -86,6 +86,18 @@ def test_a_rerun_changes_nothing_on_any_box():
     assert run.no_change, run.changed_names
 
 
+def test_one_image_command_serves_every_box():
+    """`gpubox sandbox image` loads the host checks' container image into every box that is
+    up (not box 1 alone), so the GPU container checks pass on each box without --box K."""
+    image = demo.sandbox("image", quiet=True).stdout.strip()
+    for k in (1, 2, 3):
+        found = box_sh(f"docker image inspect --format '{{{{.Id}}}}' {image}", box=k)
+        assert found.startswith("sha256:"), (k, found)
+    checks = demo.checks(extra=("-k", "docker.gpus-all or docker.daemon-reload"))
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+    assert checks.hosts == set(BOXES)
+
+
 def test_a_fault_on_one_box_is_reported_for_that_box_only():
     box_sh("systemctl stop gpubox-llama-server", box=3)
     try:

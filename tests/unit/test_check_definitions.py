@@ -46,14 +46,28 @@ INVENTORY = "inventories/box.py"
 CONFIGS = {
     # the reference box: llama.cpp on both GPUs
     "llamacpp": load_host_config("box", {**REFERENCE, "nvlink_links": 2}),
-    # vLLM, with dcgm-exporter
+    # vLLM, with dcgm-exporter and a user in the docker group
     "vllm": load_host_config(
-        "box", {**REFERENCE, "nvlink_links": 2, "backend": "vllm", "dcgm_exporter": True}
+        "box",
+        {
+            **REFERENCE,
+            "nvlink_links": 2,
+            "backend": "vllm",
+            "dcgm_exporter": True,
+            "docker_users": ["alice"],
+        },
     ),
 }
 # What does not apply to each, and why (the checks' own reasons are asserted as given).
 SKIPPED = {
-    "llamacpp": {"dcgm.exporter", "vllm.container", "vllm.caches", "vllm.warm", "vllm.compat"},
+    "llamacpp": {
+        "docker.users",
+        "dcgm.exporter",
+        "vllm.container",
+        "vllm.caches",
+        "vllm.warm",
+        "vllm.compat",
+    },
     "vllm": {
         "backend.slots",
         "backend.build",
@@ -475,6 +489,9 @@ FAULTS: dict[str, Fault] = {
     "cuda.ldconfig": Fault("ldconfig_cudart", "/usr/lib/x86_64-linux-gnu/libcudart.so.11.8.89\n"),
     "cuda.no-13": Fault("cuda13_dirs", "/usr/local/cuda-13.0\n"),
     "docker.service": Fault("services", services(docker="failed")),
+    "docker.users": Fault(
+        "docker_users", replace("alice:alice sudo docker", "alice:alice sudo"), config="vllm"
+    ),
     "docker.runtime": Fault("docker_info", edit_json(_set("Runtimes", {"runc": {}}))),
     "docker.daemon-json": Fault("daemon_json", '{\n    "log-driver": "journald"\n}\n'),
     "toolkit.packages": Fault("holds", _holds_without(*TOOLKIT)),

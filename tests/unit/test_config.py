@@ -107,9 +107,9 @@ def test_cuda_needs_a_newer_driver_branch():
     assert msg == "CUDA 12.9 needs driver branch 575 or newer; driver_branch is 570"
 
 
-def test_unknown_gpu_model_lists_the_known_ones():
-    msg = messages({**REFERENCE, "gpu_model": "Tesla V100"})["gpu_model"]
-    assert msg.startswith("unknown GPU model 'Tesla V100'; known models: ")
+def test_unknown_gpu_model_without_a_near_one_lists_the_known_ones():
+    msg = messages({**REFERENCE, "gpu_model": "GeForce 256"})["gpu_model"]
+    assert msg.startswith("unknown GPU model 'GeForce 256'; known models: ")
     for name in compat.GPU_MODELS:
         assert name in msg
 
@@ -163,6 +163,15 @@ def test_every_catalog_url_has_a_distro_or_is_absolute():
             assert value.startswith("https://"), path
 
 
-def test_a_model_that_does_not_fit_the_gpus_is_refused():
-    msg = messages({**REFERENCE, "gpu_model": "Tesla T4"})["model_ctx"]
-    assert "needs about 49 GiB of GPU memory; 2x Tesla T4 have 28 GiB usable" in msg
+def test_a_context_that_does_not_fit_the_gpus_is_refused_with_the_largest_that_fits():
+    # a KV cache of 200 MiB per 1k tokens: the weights fit 2x V100 32 GB, 131072 tokens do not
+    kv = {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.kv_mib_per_1k_ctx": 200}}
+    msg = messages({**REFERENCE, **kv})["model_ctx"]
+    assert msg == (
+        "qwen3-next-80b-a3b-thinking with context 131072 needs about 71 GiB of GPU memory "
+        "(46 GiB of weights + the KV cache); 2x Tesla V100-SXM2-32GB have 61 GiB usable: "
+        "lower model_ctx to 76800 or less"
+    )
+    largest = 76800
+    assert messages({**REFERENCE, **kv, "model_ctx": largest}) == {}
+    assert "model_ctx" in messages({**REFERENCE, **kv, "model_ctx": largest + 1024})

@@ -283,6 +283,8 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
         )
         + "\n",
         "docker_version": "28.5.1\n",
+        # `id -nG` of each user of docker_users (gpubox.users.groups_command's lines)
+        "docker_users": "".join(f"{u}:{u} sudo docker\n" for u in config.docker_users),
         "daemon_json": json.dumps(
             {
                 **container_toolkit.NVIDIA_RUNTIME,
@@ -473,8 +475,9 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
     assert "Burn-in   passed 2026-02-27T10:00:00+00:00, 2 day(s) ago (GPU 0 OK, GPU 1 OK)" in text
     assert view["gpus"]["gpus"][1]["power_limit_w"] == 300.0
     skipped = {v.check for v in verdicts if v.status == "skip"}
-    # no exporter; llama.cpp built for the CPU; the vLLM checks
+    # no docker_users; no exporter; llama.cpp built for the CPU; the vLLM checks
     assert skipped == {
+        "docker.users",
         "dcgm.exporter",
         "backend.gpu-memory",
         "vllm.container",

@@ -99,7 +99,7 @@ def test_split_mode_choices():
 
 @pytest.mark.parametrize("mode", ["row", "tensor"])
 def test_row_and_tensor_need_two_gpus(mode):
-    one = {"gpu_model": "NVIDIA A100-SXM4-80GB", "gpu_count": 1}  # the model fits one
+    one = {"gpu_model": "NVIDIA A100-SXM4-80GB", "gpu_count": 1, "nvlink": False}  # fits one
     assert errors({**one, "llamacpp_split_mode": mode}) == {
         "llamacpp_split_mode": f"{mode!r} splits each layer across the GPUs: it needs "
         "gpu_count 2 or more (got 1); use 'layer'"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from gpubox import layout
-from gpubox.checks.core import Check, Reading, Skip
+from gpubox.checks.core import Check, Problem, Reading, Skip
 from gpubox.checks.driver import service_up
 from gpubox.checks.facts import DAEMON_RELOAD_CONTAINER
 from gpubox.config import HostConfig
@@ -44,6 +44,30 @@ def daemon_json(c: HostConfig, r: Reading) -> list[str]:
             f"{layout.DAEMON_JSON} registry-mirrors is {data.get('registry-mirrors')!r}"
         )
     return problems
+
+
+def docker_users(c: HostConfig, r: Reading) -> list[str | Problem]:
+    """Each user of docker_users is in the docker group."""
+    groups = r.get("docker_users")
+    problems: list[str | Problem] = []
+    for user in c.docker_users:
+        if groups.get(user) is None:
+            problems.append(
+                Problem(
+                    f"no user {user!r} on the box (docker_users)",
+                    f"sudo adduser {user} (or take {user} out of docker_users); {{deploy}}",
+                )
+            )
+        elif layout.DOCKER_GROUP not in groups[user]:
+            problems.append(
+                f"{user} is not in the {layout.DOCKER_GROUP} group (groups: "
+                f"{' '.join(groups[user])})"
+            )
+    return problems
+
+
+def _has_docker_users(c: HostConfig) -> str | None:
+    return None if c.docker_users else "docker_users is empty in the inventory"
 
 
 def pinned_and_held(what: str, catalog_key: str):
@@ -136,6 +160,14 @@ CHECKS = [
         ("services",),
         service_up(layout.DOCKER),
         fix="sudo systemctl start docker; {deploy}",
+    ),
+    Check(
+        "docker.users",
+        "every user of docker_users is in the docker group",
+        "quick",
+        ("docker_users",),
+        docker_users,
+        applies=_has_docker_users,
     ),
     Check(
         "docker.runtime",

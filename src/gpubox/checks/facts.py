@@ -10,7 +10,7 @@ import json
 import shlex
 from typing import Any
 
-from gpubox import kernels, layout, parsers, secure_boot
+from gpubox import kernels, layout, parsers, secure_boot, users
 from gpubox.checks.core import Fact, fact
 from gpubox.config import HostConfig, Target
 from gpubox.parsers.secure_boot import parse_mok_state
@@ -112,6 +112,11 @@ def _policy(config: HostConfig, target: Target | None) -> str | None:
         return None
     packages = config.driver_packages(target.family).installed
     return "LC_ALL=C apt-cache policy " + " ".join(packages)
+
+
+def _docker_users(config: HostConfig, target: Target | None) -> str | None:
+    """docker_users' groups (none to read without one)."""
+    return users.groups_command(config.docker_users) if config.docker_users else None
 
 
 def _pins(config: HostConfig, target: Target | None) -> str:
@@ -327,6 +332,7 @@ fact(
     Fact("docker_info", "docker info --format '{{json .}}'", json.loads),
     Fact("docker_version", "docker version --format '{{.Server.Version}}'", str.strip),
     Fact("daemon_json", f"cat {layout.DAEMON_JSON}"),
+    Fact("docker_users", _docker_users, parsers.parse_user_groups),
     Fact("cdi_list", "nvidia-ctk cdi list 2>&1"),
     Fact("container_all", _container("--gpus all"), parsers.parse_smi_list, active=True),
     Fact(

@@ -3,6 +3,7 @@ llama.cpp's pinned source, per-slot context and split modes."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -99,21 +100,57 @@ def backend_problems(
         and values["backend"] == "llamacpp"
         and values["llamacpp_cuda"]
     ):
-        need_mib = (
-            model["weights_gib"] * 1024 + model["kv_mib_per_1k_ctx"] * values["model_ctx"] / 1024
-        )
-        have_mib = gpu.memory_mib * values["gpu_count"] * 0.95
-        if need_mib > have_mib:
-            problems.append(
-                Problem(
-                    host,
-                    "model_ctx",
-                    f"{values['model']} with context {values['model_ctx']} needs about "
-                    f"{need_mib / 1024:.0f} GiB of GPU memory; {values['gpu_count']}x {gpu.name} "
-                    f"have {have_mib / 1024:.0f} GiB usable: lower model_ctx",
-                )
-            )
+        found = llamacpp_memory(values, model, gpu)
+        if found:
+            problems.append(Problem(host, *found))
     return problems
+
+
+# The share of each GPU's memory llama.cpp's weights and KV cache may take (the rest: the
+# CUDA context and compute buffers).
+USABLE = 0.95
+
+
+def llamacpp_memory(
+    values: dict[str, Any], model: dict[str, Any], gpu: compat.GpuModel
+) -> tuple[str, str] | None:
+    """Whether llama.cpp's weights and KV cache fit the GPUs, as (key, message) when they do
+    not. Weights that do not fit alone are gpu_count's problem, with the fixes that can work
+    (more GPUs, fewer bits); weights that fit with a context that does not, model_ctx's, with
+    the largest context that fits."""
+    count, ctx = values["gpu_count"], values["model_ctx"]
+    per_gpu = gpu.memory_mib * USABLE
+    have = per_gpu * count
+    weights = model["weights_gib"] * 1024
+    kv_per_token = model["kv_mib_per_1k_ctx"] / 1024
+    need = weights + kv_per_token * ctx
+    if need <= have:
+        return None
+    what = f"{count}x {gpu.name} {'has' if count == 1 else 'have'} {have / 1024:.0f} GiB usable"
+    if weights >= have:
+        gpus = math.ceil(need / per_gpu)
+        room = per_gpu * count - kv_per_token * ctx
+        fewer = (
+            f", or fewer bits per weight: a quantisation of at most {room / 1024:.0f} GiB at "
+            f"model_ctx {ctx} (its GGUF as model_file and model_sha256, its size as "
+            f"catalog_overrides models.{values['model']}.weights_gib)"
+            if room >= 1024
+            else ""
+        )
+        return (
+            "gpu_count",
+            f"{values['model']}'s weights alone are about {model['weights_gib']} GiB "
+            f"({model['quantization']}); {what}, so no model_ctx fits: use more GPUs "
+            f"(gpu_count {gpus}: {gpus * per_gpu / 1024:.0f} GiB, room for model_ctx {ctx})"
+            f"{fewer}",
+        )
+    fits = int((have - weights) / kv_per_token) // 1024 * 1024
+    return (
+        "model_ctx",
+        f"{values['model']} with context {ctx} needs about {need / 1024:.0f} GiB of GPU "
+        f"memory ({model['weights_gib']} GiB of weights + the KV cache); {what}: lower "
+        f"model_ctx to {fits} or less",
+    )
 
 
 # systemd's MemoryMax=: bytes with an optional K, M, G or T suffix (infinity: no cap)

@@ -26,6 +26,9 @@ class Key:
     # Every int and float key declares at least one end (tests/unit/test_config_ranges.py).
     min: int | float | None = None
     max: int | float | None = None
+    # The one serving backend that reads the key (None: not one backend's own). Set for a
+    # host that serves with the other backend, it is ignored, and validation warns.
+    backend: str | None = None
 
     def range_text(self) -> str:
         if self.min is not None and self.max is not None:
@@ -170,6 +173,13 @@ KEYS: tuple[Key, ...] = (
         "ubuntu:24.04",
         "image the host checks start GPU containers from (pulled once if absent)",
     ),
+    Key(
+        "docker_users",
+        list,
+        [],
+        "existing users added to the docker group: they run docker without sudo (which is "
+        "root on the box); a user the box lacks is refused at preflight",
+    ),
     # Stage dcgm
     Key("dcgm_exporter", bool, False, "run dcgm-exporter (a container) for Prometheus"),
     *_listen_keys("dcgm_exporter_address", "dcgm_exporter_port", "dcgm-exporter", 9400),
@@ -223,17 +233,27 @@ KEYS: tuple[Key, ...] = (
         "hf",
         "'hf' (or a mirror: hf_endpoint), 'modelscope' or 'url'",
         choices=("hf", "modelscope", "url"),
+        backend="llamacpp",
     ),
-    Key("model_url", str, None, "with model_source 'url': where the GGUF file is"),
+    Key(
+        "model_url",
+        str,
+        None,
+        "with model_source 'url': where the GGUF file is",
+        backend="llamacpp",
+    ),
     Key(
         "model_repo",
         str,
         None,
         "with model_source 'hf' or 'modelscope': the repository (owner/name) to download "
         "model_file from (default: the catalog's)",
+        backend="llamacpp",
     ),
-    Key("model_file", str, None, "the file's name (default: the catalog's)"),
-    Key("model_sha256", str, None, "the file's sha256 (default: the catalog's)"),
+    Key("model_file", str, None, "the file's name (default: the catalog's)", backend="llamacpp"),
+    Key(
+        "model_sha256", str, None, "the file's sha256 (default: the catalog's)", backend="llamacpp"
+    ),
     Key(
         "model_revision",
         str,
@@ -241,6 +261,7 @@ KEYS: tuple[Key, ...] = (
         "the revision to download model_file at: a Hugging Face commit with model_source "
         "'hf', a ModelScope revision with 'modelscope' (default: the catalog's; main when "
         "it has none)",
+        backend="llamacpp",
     ),
     Key(
         "download_stall_s",
@@ -293,12 +314,19 @@ KEYS: tuple[Key, ...] = (
         "/etc/gpubox/api-key",
         "root-only file with the API key (generated at first deploy)",
     ),
-    Key("llamacpp_cuda", bool, True, "build llama.cpp with CUDA (false: CPU only)"),
+    Key(
+        "llamacpp_cuda",
+        bool,
+        True,
+        "build llama.cpp with CUDA (false: CPU only)",
+        backend="llamacpp",
+    ),
     Key(
         "llamacpp_ccache",
         bool,
         True,
         "build llama.cpp through ccache: a rebuild with the same inputs takes seconds",
+        backend="llamacpp",
     ),
     Key(
         "llamacpp_ccache_dir",
@@ -307,8 +335,15 @@ KEYS: tuple[Key, ...] = (
         "ccache's directory (default: <model_dir>/.ccache, on the models' volume, so that it "
         "outlives a reinstalled system disk)",
         derive=_derive_ccache_dir,
+        backend="llamacpp",
     ),
-    Key("llamacpp_extra_args", list, [], "more llama-server arguments, checked against --help"),
+    Key(
+        "llamacpp_extra_args",
+        list,
+        [],
+        "more llama-server arguments, checked against --help",
+        backend="llamacpp",
+    ),
     Key(
         "llamacpp_split_mode",
         str,
@@ -316,14 +351,18 @@ KEYS: tuple[Key, ...] = (
         "how llama.cpp splits the model over the GPUs (-sm): 'layer' (whole layers per GPU), "
         "'row' or 'tensor' (each layer across every GPU)",
         choices=LLAMA_SPLIT_MODES,
+        backend="llamacpp",
     ),
-    Key("vllm_enforce_eager", bool, False, "vLLM without CUDA graphs (slow decode)"),
+    Key(
+        "vllm_enforce_eager", bool, False, "vLLM without CUDA graphs (slow decode)", backend="vllm"
+    ),
     Key(
         "vllm_revision",
         str,
         None,
         "the Hugging Face revision (a commit, branch or tag) to download the vLLM checkpoint "
         "(the catalog's vllm_repo) at (default: the catalog's vllm_revision; main when none)",
+        backend="vllm",
     ),
     Key(
         "vllm_gpu_memory_utilization",
@@ -332,6 +371,7 @@ KEYS: tuple[Key, ...] = (
         "vLLM --gpu-memory-utilization",
         min=0.01,  # vLLM wants more than 0 and at most 1
         max=1.0,
+        backend="vllm",
     ),
     Key(
         "vllm_tensor_parallel",
@@ -339,6 +379,7 @@ KEYS: tuple[Key, ...] = (
         None,
         "vLLM --tensor-parallel-size (default: gpu_count)",
         min=1,
+        backend="vllm",
     ),
     Key(
         "health_timeout",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpubox import catalog, compat
@@ -140,6 +141,9 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
                 f"known: {', '.join(host_catalog['cuda']['versions'])}",
             )
         )
+    if valid("gpu_model") and values["gpu_model"] not in compat.GPU_MODELS:
+        problems.append(Problem(host, "gpu_model", unknown_gpu_message(values["gpu_model"])))
+        invalid.add("gpu_model")
     try:
         branch = int(values["driver_branch"])
     except ValueError:
@@ -162,10 +166,130 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
                 problems.append(Problem(host, name, message))
 
     problems += backend_problems(host, values, host_catalog, invalid)
+    problems += _docker_users_problems(host, values, valid)
+    problems += _advice(host, data, values, valid)
 
     errors = [p for p in problems if p.severity == "error"]
     config = None if errors else HostConfig(host, values, host_catalog)
     return config, problems
+
+
+def gpu_model_suggestions(name: str) -> list[str]:
+    """The known GPU models a wrong ``gpu_model`` may have meant, nearest first: those that
+    have each of its words ("V100", "a100 80gb", "RTX4090": a word matches one or more whole
+    words of the model's name, or the start of one; the makers' words NVIDIA, Tesla and
+    GeForce are left out), else difflib's nearest names."""
+
+    def words(text: str) -> list[str]:
+        found = [re.sub(r"[^a-z0-9]", "", w) for w in re.split(r"[\s_/-]+", text.lower())]
+        return [w for w in found if w]
+
+    def matches(word: str, model: list[str]) -> bool:
+        for i in range(len(model)):
+            if model[i].startswith(word):
+                return True
+            joined = ""
+            for part in model[i:]:
+                joined += part
+                if joined == word:
+                    return True
+        return False
+
+    wanted = [w for w in words(name) if w not in MAKERS] or words(name)
+    found = [m for m in compat.GPU_MODELS if wanted and all(matches(w, words(m)) for w in wanted)]
+
+    def nearness(model: str) -> float:
+        return difflib.SequenceMatcher(None, name.lower(), model.lower()).ratio()
+
+    if found:
+        return sorted(found, key=nearness, reverse=True)
+    lowered = {m.lower(): m for m in compat.GPU_MODELS}
+    near = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
+    return [lowered[m] for m in near]
+
+
+MAKERS = {"nvidia", "tesla", "geforce"}
+
+
+def unknown_gpu_message(name: str) -> str:
+    """gpu_model's problem when gpubox does not know the model: the nearest known ones, or
+    every known one."""
+    near = gpu_model_suggestions(name)
+    if near:
+        quoted = [repr(m) for m in near]
+        options = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+        return (
+            f"unknown GPU model {name!r}; did you mean {options}? (the name as "
+            "`nvidia-smi --query-gpu=name --format=csv,noheader` prints it)"
+        )
+    return f"unknown GPU model {name!r}; known models: {', '.join(sorted(compat.GPU_MODELS))}"
+
+
+# A user name as useradd accepts one without --badname: no leading digit, dash or dot.
+USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
+
+
+def _docker_users_problems(
+    host: str, values: dict[str, Any], valid: Callable[..., bool]
+) -> list[Problem]:
+    """docker_users: user names (whether each exists is the box's to say, at preflight)."""
+    if not valid("docker_users"):
+        return []
+    bad = [
+        u for u in values["docker_users"] if not isinstance(u, str) or not USER_NAME.fullmatch(u)
+    ]
+    if bad:
+        return [
+            Problem(
+                host,
+                "docker_users",
+                f"must be a list of user names (like 'alice'), got {', '.join(map(repr, bad))}",
+            )
+        ]
+    twice = sorted({u for u in values["docker_users"] if values["docker_users"].count(u) > 1})
+    if twice:
+        return [
+            Problem(host, "docker_users", f"lists {', '.join(twice)} twice", severity="warning")
+        ]
+    return []
+
+
+BACKEND_NAMES = {"llamacpp": "llama.cpp", "vllm": "vLLM"}
+
+
+def _advice(
+    host: str, data: Mapping[str, Any], values: dict[str, Any], valid: Callable[..., bool]
+) -> list[Problem]:
+    """Warnings: settings that are valid but do nothing, or cannot be what the owner meant."""
+    found: list[Problem] = []
+    if valid("nvlink", "gpu_count") and values["nvlink"] and values["gpu_count"] == 1:
+        said = "is true" if data.get("nvlink") is True else "defaults to true (the reference box)"
+        found.append(
+            Problem(
+                host,
+                "nvlink",
+                f"{said} but gpu_count is 1: NVLink joins two or more GPUs, and the NVLink "
+                "checks would look for links to a peer; set nvlink: false",
+                severity="warning",
+            )
+        )
+    backend = values["backend"]
+    if valid("backend") and backend in BACKEND_NAMES:
+        for name, value in data.items():
+            key = KEYS_BY_NAME.get(name)
+            if key is None or value is None or not valid(name):
+                continue
+            if key.backend is not None and key.backend != backend:
+                found.append(
+                    Problem(
+                        host,
+                        name,
+                        f"is ignored with backend {backend!r}: only "
+                        f"{BACKEND_NAMES[key.backend]} reads it (backend {key.backend!r})",
+                        severity="warning",
+                    )
+                )
+    return found
 
 
 def _override_problem(host_catalog: dict[str, Any], path: Any, value: Any) -> str | None:

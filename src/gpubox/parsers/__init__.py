@@ -3,7 +3,7 @@
 - ``nvidia_smi``: nvidia-smi's table, -L, --query-gpu, nvlink -s, topo -m and its error
   messages;
 - ``system``: nvcc --version, lspci -Dnn (and -Dnnk's drivers), /etc/os-release,
-  mokutil --sb-state;
+  mokutil --sb-state, users' groups (id -nG);
 - ``systemd``: systemctl get-default, systemctl show -p, loginctl show-session -p;
 - ``secure_boot``: mokutil --test-key, openssl x509, modinfo's signer, module taint;
 - ``apt``: apt-cache policy, apt-mark showhold, dpkg-query;
@@ -76,6 +76,7 @@ from gpubox.parsers.system import (
     parse_nvcc_version,
     parse_os_release,
     parse_secure_boot,
+    parse_user_groups,
 )
 from gpubox.parsers.systemd import (
     LoginSession,
@@ -137,4 +138,5 @@ __all__ = [
     "parse_smi_table",
     "parse_topo_matrix",
     "parse_unit_state",
+    "parse_user_groups",
 ]

@@ -1,5 +1,5 @@
 """The host's own outputs: `nvcc --version`, `lspci -nn` (and `-nnk`'s drivers),
-/etc/os-release and `mokutil --sb-state`."""
+/etc/os-release, `mokutil --sb-state` and users' groups (`id -nG`)."""
 
 from __future__ import annotations
 
@@ -163,3 +163,21 @@ def parse_secure_boot(text: str) -> bool | None:
         "want 'SecureBoot enabled', 'SecureBoot disabled' or 'EFI variables are not supported "
         f"on this system' (mokutil --sb-state): {_quote(first)}"
     )
+
+
+# --------------------------------------------------------------------------- users' groups
+
+
+def parse_user_groups(text: str) -> dict[str, list[str] | None]:
+    """gpubox.users.groups_command's output, one ``NAME:GROUP...`` line per user (`id -nG`):
+    each user's groups, None for a user the box lacks (a user always has a group of its
+    own)."""
+    found: dict[str, list[str] | None] = {}
+    for line in _lines(text):
+        if not line.strip():
+            continue
+        name, colon, groups = line.partition(":")
+        if not colon or not name:
+            raise ParseError(f"want NAME:GROUPS (id -nG for each user): {_quote(line)}")
+        found[name] = groups.split() or None
+    return found

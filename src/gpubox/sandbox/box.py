@@ -828,6 +828,27 @@ def load_check_image(info: dict[str, Any] | None = None) -> str:
     return name
 
 
+def load_check_images(
+    progress: Progress = _stderr_progress,
+) -> list[tuple[dict[str, Any], str | SandboxError]]:
+    """load_check_image in every box that is up, box 1 first: (its box.json, the image's name
+    or why it could not be loaded there). A box that fails does not keep the others from
+    theirs. Raises SandboxNotUp when no box is up."""
+    infos = box_infos()
+    if not infos:
+        raise SandboxNotUp("sandbox is not up: run gpubox sandbox up")
+    results: list[tuple[dict[str, Any], str | SandboxError]] = []
+    for info in infos:
+        try:
+            image = load_check_image(info)
+        except SandboxError as exc:
+            results.append((info, exc))  # the caller says why
+        else:
+            results.append((info, image))
+            progress(f"{info['name']}: check image {image} loaded")
+    return results
+
+
 # --------------------------------------------------------------------------- state
 
 

@@ -4,15 +4,16 @@ gpubox sandbox up [--rebuild] [--boxes N] [--download-rate BYTES_PER_S]
                                   build/boot the box, or boxes 1 to N (N up to 4)
 gpubox sandbox down               power every box off; nothing is left running
 gpubox sandbox status             whether each box is up, and how to reach it
-(ssh, exec, fault and image take --box K: box K, 1 by default)
+(ssh, exec, fault and mok-screen take --box K: box K, 1 by default)
 gpubox sandbox ssh [-- CMD ...]   a shell or a command in the box (exit status passed on)
 gpubox sandbox exec -- CMD ...    a host command inside the box's network namespace,
                                   where the box is 127.0.0.1 (pyinfra, pytest)
 gpubox sandbox fault NAME|clear   plant a stand-in hardware fault (or clear them all)
 gpubox sandbox mok-screen --enroll --password-file F | --timeout
                                   what the console does at the next boot's MOK screen
-gpubox sandbox image              build and load the host checks' container image in the
-                                  box (Docker must be installed there); prints its name
+gpubox sandbox image              build and load the host checks' container image in every
+                                  box that is up (--box K: box K only; Docker must be installed
+                                  there); prints its name
 """
 
 from __future__ import annotations
@@ -98,6 +99,18 @@ def _status(as_json: bool) -> int:
     return 0 if reports[0]["up"] else 1
 
 
+def _images() -> int:
+    """The check image in every box that is up: its name on stdout once, each box's failure
+    on stderr (exit 1 when one failed)."""
+    results = box.load_check_images()
+    failed = [(info, r) for info, r in results if isinstance(r, box.SandboxError)]
+    for info, error in failed:
+        print(f"gpubox sandbox: error: {info['name']}: {str(error).strip()}", file=sys.stderr)
+    for image in dict.fromkeys(r for _, r in results if isinstance(r, str)):
+        print(image)
+    return 1 if failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpubox sandbox",
@@ -155,11 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     mok.add_argument(
         "--password-file", help="a file whose first line is the mokutil --import password"
     )
-    sub.add_parser(
+    image = sub.add_parser(
         "image",
-        help="build and load the host checks' container image in the box; prints its name",
+        help="build and load the host checks' container image in every box that is up; prints "
+        "its name",
     )
-    for name in ("ssh", "exec", "fault", "image", "mok-screen"):
+    image.add_argument("--box", type=int, help="box K only (1..4); default: every box that is up")
+    for name in ("ssh", "exec", "fault", "mok-screen"):
         sub.choices[name].add_argument("--box", type=int, default=1, help="which box (1..4)")
     args = parser.parse_args(argv)
 
@@ -185,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.action == "status":
             return _status(args.json)
+        if args.action == "image" and args.box is None:
+            return _images()
         if getattr(args, "box", 1) != 1:
             box.use_box(args.box)
         if args.action == "ssh":

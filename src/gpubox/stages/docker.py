@@ -2,22 +2,28 @@
 
 A Docker that is already installed and running (a panel such as 1Panel installs its own) is
 kept and only configured, unless docker_keep_existing is false. daemon.json is merged, never
-overwritten: gpubox sets only the keys it owns."""
+overwritten: gpubox sets only the keys it owns. The users of docker_users (each must exist:
+preflight refuses one the box lacks) are added to the docker group; a user taken out of the
+list keeps the group (gpubox adds members, it never removes one)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import apt, server, systemd
 
 from gpubox import answers, layout, operations, preflight
 from gpubox.config import HostConfig, Target
-from gpubox.facts import DockerEngine, read_once
+from gpubox.facts import DockerEngine, UserGroups, read_once
 from gpubox.stages import current_config, units
 from gpubox.stages.apt_repo import apt_repo, placeholders
+
+GROUP = layout.DOCKER_GROUP
 
 # daemon.json keys `systemctl reload docker` applies without restarting containers.
 RELOADABLE = {
@@ -40,6 +46,7 @@ class DockerPlan:
     repo: bool  # Docker's repository is added
     keep_existing: str | None  # why the installed engine is kept, if it is
     daemon: dict[str, Any]  # daemon.json keys gpubox sets
+    users: list[str] = field(default_factory=list)  # docker_users not yet in the docker group
 
 
 def daemon_settings(config: HostConfig) -> dict[str, Any]:
@@ -49,7 +56,27 @@ def daemon_settings(config: HostConfig) -> dict[str, Any]:
     return settings
 
 
-def plan(config: HostConfig, target: Target, engine: dict[str, Any]) -> DockerPlan:
+def users_to_add(config: HostConfig, groups: Mapping[str, list[str] | None]) -> list[str]:
+    """The docker_users that exist and are not in the docker group yet (``groups``: each
+    user's, None for one the box lacks, which preflight refuses)."""
+    return [u for u in config.docker_users if GROUP not in (groups.get(u) or [GROUP])]
+
+
+def add_user_command(user: str) -> str:
+    """Add ``user`` to the docker group (made first when the Docker kept has none, as a snap's
+    or a rootless one's)."""
+    return (
+        f"getent group {GROUP} >/dev/null || groupadd --system {GROUP}; "
+        f"usermod -aG {GROUP} {shlex.quote(user)}"
+    )
+
+
+def plan(
+    config: HostConfig,
+    target: Target,
+    engine: dict[str, Any],
+    groups: Mapping[str, list[str] | None] | None = None,
+) -> DockerPlan:
     keep = None
     if config.docker_keep_existing and engine["binary"] and engine["active"]:
         keep = (
@@ -67,7 +94,11 @@ def plan(config: HostConfig, target: Target, engine: dict[str, Any]) -> DockerPl
     else:
         install = list(config.catalog["docker"]["distro_packages"])
     return DockerPlan(
-        install, bool(install) and config.docker_source == "docker", keep, daemon_settings(config)
+        install,
+        bool(install) and config.docker_source == "docker",
+        keep,
+        daemon_settings(config),
+        users_to_add(config, groups or {}),
     )
 
 
@@ -75,7 +106,8 @@ def plan(config: HostConfig, target: Target, engine: dict[str, Any]) -> DockerPl
 def docker() -> None:
     config = current_config()
     target = preflight.run(config)
-    p = plan(config, target, read_once(DockerEngine))
+    groups = read_once(UserGroups, users=tuple(config.docker_users)) if config.docker_users else {}
+    p = plan(config, target, read_once(DockerEngine), groups)
     if p.keep_existing:
         logger.info(f"{host.name}: {p.keep_existing}")
     if p.repo:
@@ -100,6 +132,11 @@ def docker() -> None:
     )
     if daemon is not None:
         reload_docker(daemon, set(p.daemon))
+    for user in p.users:
+        server.shell(
+            name=f"docker_users: add {user} to the docker group (from {user}'s next login)",
+            commands=[add_user_command(user)],
+        )
     answers.keep_answers()  # this run's answers, kept (only if they changed)
 
 
