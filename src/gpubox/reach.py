@@ -167,6 +167,11 @@ def _ssh_session(
     except paramiko.AuthenticationException as exc:
         return f"authentication failed for {user or getpass.getuser()}@{hostname}:{port} ({exc})"
     except (paramiko.SSHException, OSError, EOFError) as exc:
+        transport = client.get_transport()
+        if transport is not None and transport.is_active() and not transport.is_authenticated():
+            # paramiko's last error after a refused key is its try at another key format
+            who = f"{user or getpass.getuser()}@{hostname}:{port}"
+            return f"authentication failed for {who} ({type(exc).__name__}: {exc})"
         text = str(exc) or type(exc).__name__
         if isinstance(exc, TimeoutError) or "timed out" in text.lower():
             return f"timed out after {timeout:g} s in the SSH handshake with {hostname}:{port}"

@@ -77,7 +77,8 @@ class Tunnel:
             try:
                 remote = self._opener(peer)
             except Exception as exc:
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+                text = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+                self.errors.append(text)
                 local.close()
                 continue
             if remote is None:
@@ -135,10 +136,18 @@ def ssh_opener(client: Any, address: str, port: int, timeout: float = 10.0) -> O
     """An opener of channels to address:port as seen from the box, over the SSH client's
     transport (what ``ssh -L`` does)."""
 
+    import paramiko
+
     def opener(peer: tuple[str, int]) -> Any:
-        return client.get_transport().open_channel(
-            "direct-tcpip", (address, port), peer, timeout=timeout
-        )
+        try:
+            return client.get_transport().open_channel(
+                "direct-tcpip", (address, port), peer, timeout=timeout
+            )
+        except paramiko.ChannelException as exc:  # sshd could not connect, or may not
+            raise ConnectionError(
+                f"the box's sshd could not open {address}:{port} ({exc.text}): is the API "
+                "running there, and does sshd allow TCP forwarding?"
+            ) from None
 
     return opener
 

@@ -125,6 +125,7 @@ def main(argv: list[str]) -> int:
             rows.append(fleet_row(name, config, view, verdicts))
     if args.json:
         print(render_json(reports, rows), end="")
+        reach.say_unreachable(unreachable, file=sys.stderr)  # "unreachable" in the JSON too
     else:
         print(render_fleet(rows))
         print("\n".join(screens), end="")
