@@ -817,3 +817,60 @@ def test_the_secure_boot_line_says_the_key_and_the_modules(host: StandinHost):
     host.outputs["sb_state"] = "SecureBoot disabled\n"
     view, verdicts, text = check(host)
     assert "\nSecureBoot off\n" in text and failed(verdicts) == {}
+
+
+def test_doctor_asks_the_api_with_the_key_on_curls_stdin_never_in_an_argument(tmp_path: Path):
+    """The curl facts run for real (sh, sed, curl) against a loopback server that wants the
+    key; a wrapper on PATH logs curl's arguments: the key reached the server, not the argv."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpubox.checks import facts as check_facts
+
+    key = 'k3y-"quoted"-back\\slash-0123456789abcdef'
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == f"Bearer {key}"
+            body = b'{"data": []}' if ok else b'{"error": "Invalid API Key"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    key_file = tmp_path / "api key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    bin_dir, log = tmp_path / "bin", tmp_path / "argv.log"
+    bin_dir.mkdir()
+    (bin_dir / "curl").write_text(
+        f"#!/bin/sh\nprintf '%s\\n' \"$@\" >> {shlex.quote(str(log))}\n"
+        f'cat /proc/$PPID/cmdline >> {shlex.quote(str(log))}\nexec /usr/bin/curl "$@"\n'
+    )
+    (bin_dir / "curl").chmod(0o755)
+    config = load_host_config(
+        "box", {"api_key_file": str(key_file), "api_port": server.server_address[1]}
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    try:
+        for command, status in (
+            (check_facts.curl(config, "/v1/models"), 200),
+            (check_facts.curl(config, "/v1/models", key=False), 401),
+        ):
+            assert key not in command
+            proc = subprocess.run(
+                ["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30
+            )
+            assert check_facts.parse_http(proc.stdout)[0] == status, proc.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [f"Bearer {key}", None]
+    assert key not in log.read_text() and "--config" in log.read_text()
