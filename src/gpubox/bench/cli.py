@@ -252,6 +252,7 @@ def _reach(
         client = reach.connect(target.label, data, timeout)
     except reach.Unreachable as exc:
         raise Unreachable(str(exc), ssh=True) from None
+    client.get_transport().set_keepalive(30)  # a long bench: keep NATs and firewalls open
     try:
         if key is None:
             try:
