@@ -55,6 +55,17 @@ def endpoint(name: str, data: dict[str, Any]) -> tuple[str, int, str | None]:
     return str(hostname), port, user
 
 
+def _proxy_command(name: str, data: dict[str, Any]) -> str | None:
+    """The ProxyCommand of the host's ssh_config_file entry, if it has one."""
+    if not data.get("ssh_config_file"):
+        return None
+    import paramiko
+
+    found = paramiko.SSHConfig.from_path(os.path.expanduser(data["ssh_config_file"]))
+    command = found.lookup(data.get("ssh_hostname") or name).get("proxycommand")
+    return str(command) if command else None
+
+
 def unreachable_line(name: str, why: str) -> str:
     """The one line a command prints for a host it cannot reach."""
     return f"{name}: unreachable: {why}"
@@ -71,12 +82,8 @@ def probe(name: str, data: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_S) -
         hostname, port, user = endpoint(name, data)
     except (OSError, ValueError) as exc:
         return f"ssh_config_file: {exc}"
-    if data.get("ssh_config_file"):
-        import paramiko
-
-        found = paramiko.SSHConfig.from_path(os.path.expanduser(data["ssh_config_file"]))
-        if found.lookup(data.get("ssh_hostname") or name).get("proxycommand"):
-            return None
+    if _proxy_command(name, data):
+        return None
     sock, why = _open_socket(hostname, port, timeout)
     if sock is None:
         return why
@@ -188,10 +195,19 @@ def connect(name: str, data: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_S)
     Unreachable with the one-line reason. Not for ProxyCommand hosts or @connectors."""
     if name.startswith("@"):
         raise Unreachable(f"{name} is a pyinfra connector, not an SSH host")
-    hostname, port, user = endpoint(name, data)
-    sock, why = _open_socket(hostname, port, timeout)
-    if sock is None:
-        raise Unreachable(why)
+    try:
+        hostname, port, user = endpoint(name, data)
+    except (OSError, ValueError) as exc:
+        raise Unreachable(f"ssh_config_file: {exc}") from None
+    proxy = _proxy_command(name, data)
+    if proxy:  # as ssh does: the session over the command's stdin and stdout
+        import paramiko
+
+        sock: Any = paramiko.ProxyCommand(proxy)
+    else:
+        sock, why = _open_socket(hostname, port, timeout)
+        if sock is None:
+            raise Unreachable(why)
     result = _ssh_session(sock, hostname, port, user, data, timeout, keep=True)
     if isinstance(result, str):
         raise Unreachable(result)

@@ -359,3 +359,38 @@ def test_reach_connect_opens_the_inventorys_session(ssh_box: tuple[int, Path, _B
     other.write_private_key_file(str(wrong))
     with pytest.raises(reach.Unreachable, match="^authentication failed for t@127.0.0.1"):
         reach.connect("box", {**data, "ssh_key": str(wrong)}, timeout=5)
+
+
+RELAY = """import os, socket, sys, threading
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+def up():
+    while data := os.read(0, 65536):
+        sock.sendall(data)
+    sock.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+while data := sock.recv(65536):
+    os.write(1, data)
+"""
+
+
+def test_reach_connect_goes_through_the_ssh_configs_proxycommand(
+    ssh_box: tuple[int, Path, _Box], tmp_path: Path
+) -> None:
+    import sys
+
+    port, key_file, box = ssh_box
+    relay = tmp_path / "relay.py"
+    relay.write_text(RELAY)
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host jumped\n  HostName 127.0.0.1\n  Port {port}\n"
+        f"  ProxyCommand {sys.executable} {relay} %h %p\n"
+    )
+    data = {"ssh_config_file": str(config), "ssh_user": "t", "ssh_key": str(key_file)}
+    assert reach.probe("jumped", data) is None  # not probed: the command is the way in
+    client = reach.connect("jumped", data, timeout=5)
+    try:
+        _, stdout, _ = client.exec_command("echo through", timeout=10)
+        assert stdout.read() == b"through\n"
+    finally:
+        client.close()
