@@ -283,12 +283,16 @@ def main(argv: list[str]) -> int:
     except HostUnreachable as exc:
         print(reach.unreachable_line(*exc.args), file=sys.stderr)
         return reach.UNREACHABLE
-    except (OSError, EOFError) as exc:  # the connection, lost after the probe
-        print(reach.unreachable_line(name, f"{type(exc).__name__}: {exc}"), file=sys.stderr)
-        return reach.UNREACHABLE
     except parsers.ParseError as exc:
         print(f"gpubox nvlink: {explain(str(exc))}", file=sys.stderr)
         return 1
+    except Exception as exc:  # the connection (paramiko's, or the socket's), lost after the probe
+        if not isinstance(exc, OSError | EOFError) and not type(exc).__module__.startswith(
+            "paramiko"
+        ):
+            raise
+        print(reach.unreachable_line(name, f"{type(exc).__name__}: {exc}"), file=sys.stderr)
+        return reach.UNREACHABLE
     if not shown:
         print(f"gpubox nvlink: `{command}` printed no sample", file=sys.stderr)
         return 1
