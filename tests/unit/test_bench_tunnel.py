@@ -222,7 +222,11 @@ def _pump(channel: paramiko.Channel, sock: socket.socket) -> None:
 
 @pytest.fixture
 def ssh_box(tmp_path: Path) -> Iterator[tuple[int, Path, _Box]]:
-    """(port, client key file, the server) of an SSH server on 127.0.0.1."""
+    """(port, client key file, the server) of an SSH server on 127.0.0.1. Its threads need a
+    process pyinfra_cli has not patched with gevent: this file sorts before the first test
+    that imports it (as test_bench.py does)."""
+    if _gevent_patched():
+        pytest.skip("this process was monkey-patched by pyinfra_cli (gevent)")
     host_key = paramiko.RSAKey.generate(2048)
     user_key = paramiko.RSAKey.generate(2048)
     key_file = tmp_path / "id_rsa"
@@ -287,8 +291,6 @@ def test_bench_inventory_reaches_a_loopback_api_through_the_tunnel_with_the_boxs
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    if _gevent_patched():
-        pytest.skip("this process was monkey-patched by pyinfra_cli (gevent)")
     port, key_file, box = ssh_box
     monkeypatch.delenv(bench.KEY_ENV, raising=False)
     key_path = tmp_path / "api-key"  # the box's root-only key file
