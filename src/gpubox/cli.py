@@ -72,6 +72,7 @@ def cmd_burnin(args: argparse.Namespace) -> int:
     """Run the burn-in deploy against the inventory (pyinfra, as a user would type it); the
     deploy file ships inside the package, so an installed gpubox has it too."""
     import os
+    import subprocess
     from pathlib import Path
 
     # The inventory is read and checked here first, so a broken one is one line, not a
@@ -84,13 +85,22 @@ def cmd_burnin(args: argparse.Namespace) -> int:
     if errors:
         print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
         return 2
+    from gpubox import reach
+
+    unreachable = reach.probe_all(hosts)  # one line each; the rest are burned in
+    reach.say_unreachable(unreachable)
+    if len(unreachable) == len(hosts):
+        return reach.UNREACHABLE
     deploy_file = Path(__file__).resolve().parent / "deploy" / "burnin.py"
     pyinfra = Path(sys.executable).parent / "pyinfra"
     argv = [str(pyinfra), "-y", args.inventory, str(deploy_file)]
     if args.seconds is not None:
         argv[2:2] = ["--data", f"burnin_seconds={args.seconds}"]
-    os.execv(argv[0], argv)
-    return 1  # not reached
+    if not unreachable:
+        os.execv(argv[0], argv)
+    argv[2:2] = [arg for name in unreachable for arg in ("--exclude", name)]
+    rc = subprocess.run(argv, check=False).returncode
+    return reach.combine([reach.UNREACHABLE, reach.OK if rc == 0 else reach.DEVIATES])
 
 
 def cmd_checks(args: argparse.Namespace) -> int:

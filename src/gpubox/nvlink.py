@@ -7,6 +7,10 @@ sample is shown as a table: TX and RX bytes per second (fields 1011/1012), their
 DCGM's own NVLink total (449, MB/s), with a line summing all GPUs. The profiling fields read
 N/A in the first samples after dmon starts: those show "warming up". Ctrl-C ends it (exit 0).
 
+Exit status (gpubox.reach's codes): 0 samples shown, 1 dcgmi failed or showed nothing, 2 an
+unusable inventory or host choice, 3 the host cannot be reached (one line: NAME: unreachable:
+WHY).
+
 Everything between the raw lines and the printed table is pure (``Samples``, ``format_rate``,
 ``render``) and tested on real dmon outputs."""
 
@@ -188,29 +192,46 @@ def stream(host: Any, command: str) -> Iterator[str]:
         channel.close()
 
 
+class HostUnreachable(Exception):
+    """The host cannot be reached; args: (name, why)."""
+
+
 def _connect(args: argparse.Namespace, tmp: str) -> tuple[str, Any]:
+    """(name, testinfra host) of the host to watch; raises HostUnreachable (with why) when
+    its SSH cannot be reached, SystemExit(2) for an unusable inventory or choice."""
     import testinfra
 
-    from gpubox import inventory
+    from gpubox import inventory, reach
 
     if args.inventory is None:
+        user_config = Path.home() / ".ssh" / "config"  # an alias there, as ssh would read it
+        data = {"ssh_config_file": str(user_config)} if user_config.is_file() else {}
+        why = reach.probe(args.host, data)
+        if why is not None:
+            raise HostUnreachable(args.host, why)
         return args.host, testinfra.get_host(f"paramiko://{args.host}")
     try:
         hosts = inventory.load(args.inventory)
     except inventory.InventoryError as exc:
         print(f"gpubox nvlink: cannot read {args.inventory}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(reach.BAD_INPUT) from None
     if args.host is not None:
         hosts = [(n, d) for n, d in hosts if n == args.host]
         if not hosts:
-            raise SystemExit(f"gpubox nvlink: no host {args.host} in {args.inventory}")
+            print(f"gpubox nvlink: no host {args.host} in {args.inventory}", file=sys.stderr)
+            raise SystemExit(reach.BAD_INPUT)
     if len(hosts) != 1:
         names = ", ".join(n for n, _ in hosts) or "none"
-        raise SystemExit(
+        print(
             f"gpubox nvlink: {args.inventory} has {len(hosts)} hosts ({names}): pick one "
-            "with --host NAME"
+            "with --host NAME",
+            file=sys.stderr,
         )
+        raise SystemExit(reach.BAD_INPUT)
     name, data = hosts[0]
+    why = reach.probe(name, data)
+    if why is not None:
+        raise HostUnreachable(name, why)
     ssh_config = Path(tmp) / "ssh_config"
     ssh_config.write_text(inventory.ssh_config_entry(name, data))
     return name, testinfra.get_host(
@@ -237,6 +258,9 @@ def main(argv: list[str]) -> int:
     if args.interval <= 0:
         parser.error("--interval must be positive")
     live = sys.stdout.isatty() and args.count is None
+    from gpubox import reach
+
+    name = args.host or "?"
     try:
         with tempfile.TemporaryDirectory(prefix="gpubox-nvlink-") as tmp:
             name, host = _connect(args, tmp)
@@ -256,9 +280,19 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         return 0
+    except HostUnreachable as exc:
+        print(reach.unreachable_line(*exc.args), file=sys.stderr)
+        return reach.UNREACHABLE
     except parsers.ParseError as exc:
         print(f"gpubox nvlink: {explain(str(exc))}", file=sys.stderr)
         return 1
+    except Exception as exc:  # the connection (paramiko's, or the socket's), lost after the probe
+        if not isinstance(exc, OSError | EOFError) and not type(exc).__module__.startswith(
+            "paramiko"
+        ):
+            raise
+        print(reach.unreachable_line(name, f"{type(exc).__name__}: {exc}"), file=sys.stderr)
+        return reach.UNREACHABLE
     if not shown:
         print(f"gpubox nvlink: `{command}` printed no sample", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ reach.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterable
@@ -54,6 +55,17 @@ def endpoint(name: str, data: dict[str, Any]) -> tuple[str, int, str | None]:
     return str(hostname), port, user
 
 
+def _proxy_command(name: str, data: dict[str, Any]) -> str | None:
+    """The ProxyCommand of the host's ssh_config_file entry, if it has one."""
+    if not data.get("ssh_config_file"):
+        return None
+    import paramiko
+
+    found = paramiko.SSHConfig.from_path(os.path.expanduser(data["ssh_config_file"]))
+    command = found.lookup(data.get("ssh_hostname") or name).get("proxycommand")
+    return str(command) if command else None
+
+
 def unreachable_line(name: str, why: str) -> str:
     """The one line a command prints for a host it cannot reach."""
     return f"{name}: unreachable: {why}"
@@ -70,36 +82,59 @@ def probe(name: str, data: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_S) -
         hostname, port, user = endpoint(name, data)
     except (OSError, ValueError) as exc:
         return f"ssh_config_file: {exc}"
-    if data.get("ssh_config_file"):
-        import paramiko
+    if _proxy_command(name, data):
+        return None
+    sock, why = _open_socket(hostname, port, timeout)
+    if sock is None:
+        return why
+    return _ssh_session(sock, hostname, port, user, data, timeout)
 
-        found = paramiko.SSHConfig.from_path(os.path.expanduser(data["ssh_config_file"]))
-        if found.lookup(data.get("ssh_hostname") or name).get("proxycommand"):
-            return None
+
+class Unreachable(Exception):
+    """A host that cannot be reached; the message is the one-line reason (no host name)."""
+
+
+def _host_keys(client: Any, data: dict[str, Any]) -> None:
+    """Known host keys are checked; an unknown host is accepted unless
+    ssh_strict_host_key_checking says yes (pyinfra's accept-new, without saving it)."""
+    import paramiko
+
+    strict = str(data.get("ssh_strict_host_key_checking", "")).lower()
+    if strict in ("no", "off", "false"):
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        return
+    with contextlib.suppress(OSError):
+        client.load_system_host_keys()
+    known = data.get("ssh_known_hosts_file")
+    if known and os.path.exists(os.path.expanduser(known)):
+        client.load_host_keys(os.path.expanduser(known))
+    if strict in ("yes", "true", "on"):
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    else:
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+
+
+def _open_socket(hostname: str, port: int, timeout: float) -> tuple[socket.socket | None, str]:
+    """A TCP connection to hostname:port, or None and why not (DNS, refused, timed out)."""
     try:
         infos = socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        return f"DNS: {hostname} does not resolve ({exc.strerror or exc})"
-    sock = None
+        return None, f"DNS: {hostname} does not resolve ({exc.strerror or exc})"
     last = ""
     for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
         try:
-            sock = socket.socket(family, kind, proto)
             sock.settimeout(timeout)
             sock.connect(address)
-            break
+            return sock, ""
         except TimeoutError:
             last = f"timed out after {timeout:g} s connecting to {hostname}:{port}"
         except ConnectionRefusedError:
             last = f"connection refused by {hostname}:{port} (is sshd running?)"
         except OSError as exc:
             last = f"{hostname}:{port}: {exc.strerror or exc}"
-        if sock is not None:
-            sock.close()
-            sock = None
-    if sock is None:
-        return last or f"{hostname}:{port}: no address"
-    return _ssh_session(sock, hostname, port, user, data, timeout)
+        sock.close()
+    return None, last or f"{hostname}:{port}: no address"
 
 
 def _ssh_session(
@@ -109,19 +144,24 @@ def _ssh_session(
     user: str | None,
     data: dict[str, Any],
     timeout: float,
-) -> str | None:
+    keep: bool = False,
+) -> Any:
+    """Open an SSH session over ``sock``: the reason it cannot be opened (str), None once it
+    opened and closed again, or (``keep``) the open paramiko.SSHClient."""
     import getpass
 
     import paramiko
 
     client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    _host_keys(client, data)
     key = data.get("ssh_key")
+    ok = False
     try:
         client.connect(
             hostname,
             port=port,
             username=user or getpass.getuser(),
+            password=data.get("ssh_password"),
             key_filename=os.path.expanduser(key) if key else None,
             timeout=timeout,
             banner_timeout=timeout,
@@ -130,14 +170,65 @@ def _ssh_session(
             allow_agent=True,
             look_for_keys=not key,
         )
+        ok = True
     except paramiko.AuthenticationException as exc:
         return f"authentication failed for {user or getpass.getuser()}@{hostname}:{port} ({exc})"
     except (paramiko.SSHException, OSError, EOFError) as exc:
+        transport = client.get_transport()
+        if transport is not None and transport.is_active() and not transport.is_authenticated():
+            # paramiko's last error after a refused key is its try at another key format
+            who = f"{user or getpass.getuser()}@{hostname}:{port}"
+            return f"authentication failed for {who} ({type(exc).__name__}: {exc})"
         text = str(exc) or type(exc).__name__
         if isinstance(exc, TimeoutError) or "timed out" in text.lower():
             return f"timed out after {timeout:g} s in the SSH handshake with {hostname}:{port}"
         return f"SSH: {hostname}:{port}: {text}"
     finally:
-        client.close()
-        sock.close()
-    return None
+        if not (ok and keep):
+            client.close()
+            sock.close()
+    return client if keep else None
+
+
+def connect(name: str, data: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+    """An open paramiko.SSHClient to the inventory host ``name`` (its own ssh_* data); raises
+    Unreachable with the one-line reason. Not for ProxyCommand hosts or @connectors."""
+    if name.startswith("@"):
+        raise Unreachable(f"{name} is a pyinfra connector, not an SSH host")
+    try:
+        hostname, port, user = endpoint(name, data)
+    except (OSError, ValueError) as exc:
+        raise Unreachable(f"ssh_config_file: {exc}") from None
+    proxy = _proxy_command(name, data)
+    if proxy:  # as ssh does: the session over the command's stdin and stdout
+        import paramiko
+
+        sock: Any = paramiko.ProxyCommand(proxy)
+    else:
+        sock, why = _open_socket(hostname, port, timeout)
+        if sock is None:
+            raise Unreachable(why)
+    result = _ssh_session(sock, hostname, port, user, data, timeout, keep=True)
+    if isinstance(result, str):
+        raise Unreachable(result)
+    return result
+
+
+def probe_all(
+    hosts: list[tuple[str, dict[str, Any]]], timeout: float = DEFAULT_TIMEOUT_S
+) -> dict[str, str]:
+    """The hosts that cannot be reached, with why; probed side by side, so that many
+    unreachable hosts take one timeout, not one each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        found = list(pool.map(lambda h: probe(h[0], h[1], timeout), hosts))
+    return {name: why for (name, _), why in zip(hosts, found, strict=True) if why is not None}
+
+
+def say_unreachable(unreachable: dict[str, str], file: Any = None) -> None:
+    """Print one line per unreachable host (stdout unless ``file``)."""
+    for name, why in unreachable.items():
+        print(unreachable_line(name, why), file=file, flush=True)

@@ -7,6 +7,7 @@ run and healthy again after it; --split-modes reports the mode llama.cpp refuses
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,20 +23,28 @@ HOST = "gpubox-sandbox"
 UNIT = "gpubox-llama-server"
 
 
-def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def bench(tmp_path: Path, *args: str, key_file: bool = True) -> subprocess.CompletedProcess[str]:
     """`gpubox bench --inventory inventories/sandbox.py ARGS` in the sandbox's network namespace,
     a short served bench (1 stream, 4 requests). Its records go where a user's would (the
-    sandbox reads GPUBOX_STATE_DIR too, so it is left alone)."""
-    key = tmp_path / "api-key"
-    key.write_text(box_sh("cat /etc/gpubox/api-key"))
+    sandbox reads GPUBOX_STATE_DIR too, so it is left alone). ``key_file``: the API key copied
+    to a local file and given with --api-key-file; without it the bench reads it from the box
+    over the inventory's SSH connection."""
+    given = []
+    if key_file:
+        key = tmp_path / "api-key"
+        key.write_text(box_sh("cat /etc/gpubox/api-key"))
+        given = ["--api-key-file", str(key)]
     argv = demo.in_netns(
         [
             sys.executable, "-m", "gpubox.bench", "--inventory", demo.INVENTORY,
-            "--api-key-file", str(key), "--concurrency", "1", "--requests", "4",
+            *given, "--concurrency", "1", "--requests", "4",
             "--prompt-tokens", "64", "--max-tokens", "32", *args,
         ]
     )  # fmt: skip
-    proc = subprocess.run(argv, cwd=demo.ROOT, text=True, capture_output=True, timeout=1200)
+    env = {k: v for k, v in os.environ.items() if k != "GPUBOX_API_KEY"}
+    proc = subprocess.run(
+        argv, cwd=demo.ROOT, text=True, capture_output=True, timeout=1200, env=env
+    )
     print("\n" + proc.stdout + proc.stderr[-3000:])
     return proc
 
@@ -57,8 +66,13 @@ def test_the_deploy_builds_llama_bench():
 def test_llama_bench_beside_the_served_figures(tmp_path):
     out = tmp_path / "bench.json"
     pid_before = box_sh(f"systemctl show -p MainPID --value {UNIT}").strip()
-    proc = bench(tmp_path, "--llama-bench", "--json", str(out))
+    # as a user runs it: no key copied, the API on the box's loopback (api_host's default)
+    proc = bench(tmp_path, "--llama-bench", "--json", str(out), key_file=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"{HOST}: the API at 127.0.0.1:8080 on the box, through an SSH tunnel from " in (
+        proc.stderr
+    )
+    assert box_sh("cat /etc/gpubox/api-key").strip() not in proc.stdout + proc.stderr
     assert f"{HOST}: stopping {UNIT} for llama-bench" in proc.stderr
     assert f"{HOST}: {UNIT} healthy again after" in proc.stderr
     service_is_back()

@@ -395,11 +395,14 @@ def test_main_unknown_model_lists_the_served_ones(
     assert "'qwen3-next'" in err and MODEL in err
 
 
-def test_main_unreachable_endpoint_names_the_url(capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_unreachable_endpoint_is_one_line_and_exit_3(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with SyntheticServer() as srv:
         url = srv.url
-    assert bench.main([url, "--model", MODEL]) == 2
-    assert f"cannot reach {url}" in capsys.readouterr().err
+    assert bench.main([url, "--model", MODEL]) == 3
+    err = capsys.readouterr().err
+    assert err == f"{url}: unreachable: [Errno 111] Connection refused\n"
 
 
 def test_main_prints_the_table_and_writes_json(
@@ -543,8 +546,8 @@ def _lab(tmp_path: Path, port: int, aliases: dict[str, str]) -> list[str]:
     inv.write_text(
         "hosts = [\n"
         + "".join(
-            f"    ('{name}', {{'ssh_hostname': '127.0.0.1', 'api_port': {port},"
-            f" 'model_alias': '{alias}'}}),\n"
+            f"    ('{name}', {{'ssh_hostname': '127.0.0.1', 'api_host': '0.0.0.0',"
+            f" 'api_port': {port}, 'model_alias': '{alias}'}}),\n"
             for name, alias in aliases.items()
         )
         + "]\n"

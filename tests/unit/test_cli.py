@@ -132,7 +132,7 @@ def test_burnin_checks_the_inventory_and_seconds_before_pyinfra(tmp_path, capsys
     assert capsys.readouterr().out == "error: a: burnin_seconds: must be at least 1, got 0\n"
 
 
-def test_burnin_runs_pyinfra_on_a_valid_inventory(capsys, monkeypatch):
+def test_burnin_runs_pyinfra_on_a_valid_inventory(capsys, monkeypatch, tmp_path):
     started = []
 
     def execv(path, argv):
@@ -140,13 +140,42 @@ def test_burnin_runs_pyinfra_on_a_valid_inventory(capsys, monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr("os.execv", execv)
-    inventory = str(ROOT / "inventories/example.py")
+    inventory = tmp_path / "local.py"  # pyinfra's @local connector: nothing to probe
+    inventory.write_text("hosts = [('@local', {})]\n")
     with pytest.raises(SystemExit):
-        main(["burnin", inventory, "--seconds", "5"])
+        main(["burnin", str(inventory), "--seconds", "5"])
     (argv,) = started
-    assert argv[1:5] == ["-y", "--data", "burnin_seconds=5", inventory]
+    assert argv[1:5] == ["-y", "--data", "burnin_seconds=5", str(inventory)]
     assert argv[5].endswith("deploy/burnin.py")
     assert capsys.readouterr().out == ""  # warnings are check's to print, not burnin's
+
+
+def test_burnin_of_an_unreachable_host_is_one_line_and_exit_3(capsys, monkeypatch):
+    monkeypatch.setattr("os.execv", lambda *a: pytest.fail("pyinfra started"))
+    inventory = str(ROOT / "inventories/example.py")  # 192.0.2.10: a documentation address
+    assert main(["burnin", inventory]) == 3
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("v100box: unreachable: ")
+
+
+def test_burnin_runs_the_hosts_it_can_reach_and_exits_3(capsys, monkeypatch, tmp_path):
+    import subprocess
+
+    ran = []
+    monkeypatch.setattr("os.execv", lambda *a: pytest.fail("exec with a host unreachable"))
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda argv, check: ran.append(argv) or subprocess.CompletedProcess(argv, 0),
+    )
+    inventory = tmp_path / "two.py"
+    inventory.write_text(
+        "hosts = [('@local', {}), ('lost', {'ssh_hostname': 'gpubox-no-such-host.invalid'})]\n"
+    )
+    assert main(["burnin", str(inventory)]) == 3
+    assert capsys.readouterr().out.startswith("lost: unreachable: DNS: ")
+    (argv,) = ran
+    assert argv[1:4] == ["-y", "--exclude", "lost"] and argv[4] == str(inventory)
 
 
 def test_the_lab_inventory_shares_group_data_and_lets_a_host_override_it(capsys):

@@ -780,8 +780,7 @@ def test_the_fleet_table_opens_with_a_row_per_host(tmp_path: Path):
     st.set_gpu_present(broken.state, 1, False)
     view, verdicts, _ = check(broken)
     rows.append(doctor.fleet_row("gpu2", CONFIG, view, verdicts))
-    lost = checks.Verdict("ssh", "gpu3", "error", "cannot reach gpu3: refused", "check ssh_*")
-    rows.append(doctor.fleet_row("gpu3", CONFIG, None, [lost]))
+    rows.append(doctor.fleet_row("gpu3", CONFIG, None, []))  # unreachable: nothing judged
     table = doctor.render_fleet(rows).splitlines()
     assert table[0].split() == [
         "HOST", "OS", "DRIVER", "inst/loaded", "GPUS", "seen/want", "NVLINK", "BACKEND",
@@ -794,8 +793,8 @@ def test_the_fleet_table_opens_with_a_row_per_host(tmp_path: Path):
     gpu2 = table[2].split()
     assert gpu2[:4] == ["gpu2", "debian", "12", PIN] and "1/2" in gpu2 and "DOWN" in gpu2
     assert int(gpu2[-1]) >= 2  # gpu.listed, nvlink.links, nvlink.topology ...
-    assert table[3].split()[:2] == ["gpu3", "unreachable"] and table[3].split()[-1] == "1"
-    assert table[4] == "3 host(s): 1 as the inventory says, 2 deviating"
+    assert table[3].split()[:2] == ["gpu3", "unreachable"] and table[3].split()[-1] == "-"
+    assert table[4] == "3 host(s): 1 as the inventory says, 1 deviating, 1 unreachable"
     # the columns line up: each header starts where its cells start
     for title, cell in (("OS", "debian"), ("GPUS", "2/2"), ("DEVIATIONS", "0")):
         column = table[0].index("  " + title) + 2
@@ -821,3 +820,60 @@ def test_the_secure_boot_line_says_the_key_and_the_modules(host: StandinHost):
     host.outputs["sb_state"] = "SecureBoot disabled\n"
     view, verdicts, text = check(host)
     assert "\nSecureBoot off\n" in text and failed(verdicts) == {}
+
+
+def test_doctor_asks_the_api_with_the_key_on_curls_stdin_never_in_an_argument(tmp_path: Path):
+    """The curl facts run for real (sh, sed, curl) against a loopback server that wants the
+    key; a wrapper on PATH logs curl's arguments: the key reached the server, not the argv."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpubox.checks import facts as check_facts
+
+    key = 'k3y-"quoted"-back\\slash-0123456789abcdef'
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == f"Bearer {key}"
+            body = b'{"data": []}' if ok else b'{"error": "Invalid API Key"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    key_file = tmp_path / "api key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    bin_dir, log = tmp_path / "bin", tmp_path / "argv.log"
+    bin_dir.mkdir()
+    (bin_dir / "curl").write_text(
+        f"#!/bin/sh\nprintf '%s\\n' \"$@\" >> {shlex.quote(str(log))}\n"
+        f'cat /proc/$PPID/cmdline >> {shlex.quote(str(log))}\nexec /usr/bin/curl "$@"\n'
+    )
+    (bin_dir / "curl").chmod(0o755)
+    config = load_host_config(
+        "box", {"api_key_file": str(key_file), "api_port": server.server_address[1]}
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    try:
+        for command, status in (
+            (check_facts.curl(config, "/v1/models"), 200),
+            (check_facts.curl(config, "/v1/models", key=False), 401),
+        ):
+            assert key not in command
+            proc = subprocess.run(
+                ["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30
+            )
+            assert check_facts.parse_http(proc.stdout)[0] == status, proc.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [f"Bearer {key}", None]
+    assert key not in log.read_text() and "--config" in log.read_text()

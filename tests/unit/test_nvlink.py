@@ -146,3 +146,13 @@ def test_the_stand_in_stream_labelled(dcgmi):
     assert table[2] == "GPU 0  25.0 GB/s  24.5 GB/s  49.5 GB/s           49.5 GB/s"
     assert table[3] == "GPU 1  24.5 GB/s  25.0 GB/s  49.5 GB/s           49.5 GB/s"
     assert table[4] == "all    49.5 GB/s  49.5 GB/s  99.0 GB/s           99.0 GB/s"
+
+
+def test_a_host_that_does_not_resolve_is_one_line_and_exit_3(capsys) -> None:
+    from gpubox.nvlink import main
+
+    assert main(["--host", "gpubox-no-such-host.invalid", "--count", "1"]) == 3
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("gpubox-no-such-host.invalid: unreachable: DNS: ")
+    assert len(err.splitlines()) == 1

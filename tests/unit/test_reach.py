@@ -3,9 +3,18 @@ be reached."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from gpubox import reach
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_several_hosts_exit_with_the_first_code_that_applies() -> None:
@@ -52,3 +61,61 @@ def test_a_port_that_speaks_no_ssh_is_an_ssh_line() -> None:
 
 def test_pyinfra_connectors_are_not_probed() -> None:
     assert reach.probe("@local", {}) is None
+
+
+def test_many_hosts_are_probed_side_by_side_and_said_one_line_each(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hosts = [
+        ("a", {"ssh_hostname": "gpubox-no-such-host.invalid"}),
+        ("b", {"ssh_hostname": "127.0.0.1", "ssh_port": port}),
+        ("@local", {}),
+    ]
+    found = reach.probe_all(hosts, timeout=5)
+    assert list(found) == ["a", "b"]
+    reach.say_unreachable(found)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("a: unreachable: DNS: ")
+    assert out[1] == f"b: unreachable: connection refused by 127.0.0.1:{port} (is sshd running?)"
+    assert reach.probe_all([]) == {}
+
+
+EXAMPLE = str(ROOT / "inventories" / "example.py")  # 192.0.2.10: a documentation address
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["gpubox.doctor", EXAMPLE],
+        ["gpubox.doctor", EXAMPLE, "--json"],
+        ["gpubox.nvlink", EXAMPLE],
+        ["gpubox.bench", "--inventory", EXAMPLE],
+        ["gpubox.bench", "--inventory", EXAMPLE, "--llama-bench"],
+        ["gpubox.bench", "--inventory", EXAMPLE, "--split-modes", "layer,row"],
+        ["gpubox.cli", "burnin", EXAMPLE],
+    ],
+    ids=lambda c: " ".join(c[:1] + c[2:]),
+)
+def test_an_unreachable_host_is_one_line_and_exit_3(command: list[str]) -> None:
+    """The commands a user runs first, against the example inventory (its host cannot be
+    reached from anywhere): one line naming the host, no traceback, exit 3, within 60 s."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", *command],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        cwd=ROOT,
+    )
+    took = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == reach.UNREACHABLE, output
+    assert took < 60, took
+    assert "Traceback" not in output
+    lines = [ln for ln in output.splitlines() if "unreachable" in ln and ": " in ln]
+    assert [ln for ln in lines if ln.startswith("v100box: unreachable: ")], output
+    assert not [ln for ln in output.splitlines() if "->" in ln or "error:" in ln], output

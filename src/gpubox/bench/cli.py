@@ -19,16 +19,19 @@ backends given the same settings do the same work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpubox import reach, tunnel
 from gpubox.bench import llamabench
-from gpubox.bench.client import KEY_ENV, BenchError, Endpoint, normalize_url
+from gpubox.bench.client import KEY_ENV, BenchError, Endpoint, EndpointUnreachable, normalize_url
 from gpubox.bench.output import format_comparison, format_table, write_plot
 from gpubox.bench.records import host_url, save_record, summary_record
 from gpubox.bench.runner import Settings, bench_endpoint
@@ -57,12 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
-            "The API key: --api-key-file FILE, else the GPUBOX_API_KEY environment variable. "
-            "On a gpubox box the key lives root-only at the host's api_key_file "
-            "(/etc/gpubox/api-key); with --inventory the bench does not read it over ssh, so "
-            "copy it to a local file (one key, used for every host). "
+            "The API key: --api-key-file FILE, else the GPUBOX_API_KEY environment variable; "
+            "with --inventory and neither, each host's api_key_file (/etc/gpubox/api-key, "
+            "root-only) is read over the inventory's SSH connection (with sudo when the "
+            "inventory uses it), never printed. With --inventory, an API bound to loopback "
+            "(api_host 127.0.0.1, the default) is reached through an SSH tunnel over that "
+            "connection (this machine's 127.0.0.1, an ephemeral port, closed at the end). "
             "Exit status: 0 all requests completed, 1 some failed, 2 nothing could be measured "
-            "(unreachable endpoint, refused key, unknown model, bad arguments)."
+            "(refused key, unknown model, bad arguments), 3 a host or endpoint unreachable "
+            "(one line each: NAME: unreachable: WHY); across hosts the first of 2, 3, 1, 0."
         ),
     )
     target = parser.add_mutually_exclusive_group(required=True)
@@ -70,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument(
         "--inventory",
         metavar="INV",
-        help="bench every host of a gpubox inventory: http://{ssh_hostname}:{api_port}, "
-        "model model_alias (the API must listen on an address this machine reaches: api_host)",
+        help="bench every host of a gpubox inventory, model model_alias: through an SSH "
+        "tunnel when api_host is loopback (the default), else http://{ssh_hostname}:{api_port}",
     )
     parser.add_argument("--model", help="the model id to request (required with a URL)")
     parser.add_argument("--api-key-file", metavar="F", help=f"file with the API key ({KEY_ENV})")
@@ -145,7 +151,18 @@ def _read_key(path: str | None) -> str | None:
     return os.environ.get(KEY_ENV) or None
 
 
-INVENTORY_KEYS = ("ssh_hostname", "api_port", "model_alias")
+SSH_KEYS = (
+    "ssh_hostname",
+    "ssh_port",
+    "ssh_user",
+    "ssh_key",
+    "ssh_password",
+    "ssh_config_file",
+    "ssh_known_hosts_file",
+    "ssh_strict_host_key_checking",
+    "_sudo",
+)
+INVENTORY_KEYS = (*SSH_KEYS, "api_host", "api_port", "api_key_file", "model_alias")
 _LOAD_INVENTORY = """
 import json, sys
 from gpubox import inventory
@@ -174,26 +191,119 @@ def _load_inventory(path: str) -> list[tuple[str, dict[str, Any]]]:
     return [(name, data) for name, data in json.loads(proc.stdout)]
 
 
-def _targets(args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """(label, url, model) of every endpoint to bench."""
+@dataclass
+class Target:
+    """One endpoint to bench: its label (the host's name, "" for a URL), URL and model; with
+    --inventory the host's data (for the SSH tunnel and the key)."""
+
+    label: str
+    url: str
+    model: str
+    data: dict[str, Any] | None = None
+
+
+def _targets(args: argparse.Namespace) -> list[Target]:
+    """Every endpoint to bench."""
     if args.url:
         if not args.model:
             raise BenchError("--model NAME is required with a URL (see /v1/models)")
-        return [("", normalize_url(args.url), args.model)]
+        return [Target("", normalize_url(args.url), args.model)]
     from gpubox import config
 
     hosts = _load_inventory(args.inventory)
     if not hosts:
         raise BenchError(f"{args.inventory} defines no hosts")
-
-    def value(data: dict[str, Any], key: str) -> Any:
-        return data.get(key, config.KEYS_BY_NAME[key].default)
-
     targets = []
     for name, data in hosts:
-        url = host_url(name, data.get("ssh_hostname"), value(data, "api_port"))
-        targets.append((name, url, args.model or value(data, "model_alias")))
+        full = {k: data.get(k, config.KEYS_BY_NAME[k].default) for k in INVENTORY_KEYS[-4:]}
+        data = {**data, **full}
+        url = host_url(name, data.get("ssh_hostname"), data["api_port"])
+        targets.append(Target(name, url, args.model or data["model_alias"], data))
     return targets
+
+
+class Unreachable(Exception):
+    """A host or endpoint that cannot be reached (exit 3); the message is why. ``ssh``: the
+    host itself (no SSH session), so nothing else is tried on it."""
+
+    def __init__(self, why: str, ssh: bool = False) -> None:
+        super().__init__(why)
+        self.ssh = ssh
+
+
+def inventory_sudo(data: dict[str, Any]) -> bool:
+    """The inventory's sudo (_sudo for a user other than root), as testinfra uses it."""
+    return bool(data.get("_sudo")) and data.get("ssh_user") not in (None, "root")
+
+
+@contextlib.contextmanager
+def _reach(
+    target: Target, key: str | None, timeout: float
+) -> Iterator[tuple[str, str | None, tunnel.Tunnel | None]]:
+    """(URL to bench, key, tunnel) for one target: with --inventory, through an SSH tunnel
+    when the API listens on the box's loopback, and the key read from the box when none was
+    given. Raises Unreachable (no SSH session) or BenchError (the key cannot be read)."""
+    data = target.data
+    loopback = data is not None and tunnel.is_loopback(str(data["api_host"]))
+    if data is None or (key is not None and not loopback):
+        yield target.url, key, None
+        return
+    try:
+        client = reach.connect(target.label, data, timeout)
+    except reach.Unreachable as exc:
+        raise Unreachable(str(exc), ssh=True) from None
+    client.get_transport().set_keepalive(30)  # a long bench: keep NATs and firewalls open
+    try:
+        if key is None:
+            try:
+                key = tunnel.read_key(client, str(data["api_key_file"]), inventory_sudo(data))
+            except tunnel.ApiKeyError as exc:
+                raise BenchError(f"{target.label}: {exc}; or pass --api-key-file") from None
+        if not loopback:
+            yield target.url, key, None
+            return
+        address, port = tunnel.api_address(str(data["api_host"])), int(data["api_port"])
+        with tunnel.Tunnel(tunnel.ssh_opener(client, address, port)) as forward:
+            print(
+                f"gpubox bench: {target.label}: the API at {address}:{port} on the box, "
+                f"through an SSH tunnel from {forward.url}",
+                file=sys.stderr,
+                flush=True,
+            )
+            yield forward.url, key, forward
+    finally:
+        client.close()
+
+
+def bench_target(
+    target: Target, key: str | None, settings: Settings
+) -> tuple[int, dict[str, Any] | None, str | None, bool]:
+    """(exit code, report, problem, whether SSH could not reach the host) of one target;
+    prints its one line when it fails."""
+    name = target.label or target.url
+    try:
+        with _reach(target, key, min(settings.timeout, reach.DEFAULT_TIMEOUT_S)) as reached:
+            url, given, forward = reached
+            endpoint = Endpoint(url, target.model, given, settings.timeout)
+            try:
+                report = bench_endpoint(endpoint, settings, target.label)
+            except EndpointUnreachable as exc:
+                why = str(exc) if not target.label else f"{url}: {exc}"
+                if forward is not None:  # through the tunnel: the API on the box
+                    said = "; ".join(dict.fromkeys(forward.errors)) or why
+                    why = f"the API on the box, through the SSH tunnel: {said}"
+                raise Unreachable(why) from None
+    except Unreachable as exc:
+        print(reach.unreachable_line(name, str(exc)), file=sys.stderr, flush=True)
+        return reach.UNREACHABLE, None, f"unreachable: {exc}", exc.ssh
+    except BenchError as exc:
+        print(f"gpubox bench: {exc}", file=sys.stderr)
+        return reach.BAD_INPUT, None, str(exc), False
+    if forward is not None:  # the record and the table name the host's endpoint
+        report["endpoint"]["via"] = f"SSH tunnel {url}"
+        report["endpoint"]["url"] = target.url
+    failed = any(lv["failed"] for lv in report["levels"])
+    return (reach.DEVIATES if failed else reach.OK), report, None, False
 
 
 def main(argv: list[str]) -> int:
@@ -215,27 +325,31 @@ def main(argv: list[str]) -> int:
         targets = _targets(args)
     except BenchError as exc:
         print(f"gpubox bench: {exc}", file=sys.stderr)
-        return 2
+        return reach.BAD_INPUT
     reports: dict[str, dict[str, Any]] = {}
     problems: dict[str, str] = {}
-    for label, url, model in targets:
-        endpoint = Endpoint(url, model, key, settings.timeout)
-        try:
-            report = bench_endpoint(endpoint, settings, label)
-        except BenchError as exc:
-            problems[label or url] = str(exc)
-            print(f"gpubox bench: {exc}", file=sys.stderr)
+    codes: list[int] = []
+    unreachable: set[str] = set()
+    for target in targets:
+        label = target.label or target.url
+        code, report, problem, no_ssh = bench_target(target, key, settings)
+        codes.append(code)
+        if no_ssh:
+            unreachable.add(target.label)
+        if report is None:
+            problems[label] = problem or "not measured"
             continue
-        reports[label or url] = report
+        reports[label] = report
         print(("" if len(reports) == 1 else "\n") + format_table(report))
         try:
-            save_record(summary_record(report), label or None)
+            save_record(summary_record(report), target.label or None)
         except OSError as exc:
             print(f"gpubox bench: cannot keep the figures for doctor: {exc}", file=sys.stderr)
     if len(reports) > 1:  # --inventory: the hosts side by side
         print("\nside by side (the same seeded prompts on every host):")
         print(format_comparison(reports))
-    llama_rc, llama = llamabench.main_hook(args, reports)  # --llama-bench, --split-modes
+    # --llama-bench, --split-modes (not on a host found unreachable above)
+    llama_rc, llama = llamabench.main_hook(args, reports, unreachable)
     if args.json:
         document = {
             "settings": asdict(settings) | {"key_given": key is not None},
@@ -254,5 +368,6 @@ def main(argv: list[str]) -> int:
         message = write_plot(reports, args.plot)
         if message:
             print(f"gpubox bench: {message}", file=sys.stderr)
-    failed = any(lv["failed"] for r in reports.values() for lv in r["levels"])
-    return max(llama_rc, 2 if problems else (1 if failed else 0))
+    if llama_rc == 130:
+        return 130
+    return reach.combine([*codes, llama_rc])

@@ -21,6 +21,10 @@ class BenchError(Exception):
     """A problem that stops the bench before it measures anything (exit 2)."""
 
 
+class EndpointUnreachable(BenchError):
+    """The endpoint could not be reached at all (exit 3); the message is why."""
+
+
 @dataclass
 class Endpoint:
     url: str  # base URL, without /v1
@@ -85,7 +89,7 @@ def probe(endpoint: Endpoint) -> dict[str, Any]:
     try:
         status, headers, data = _get_json(endpoint, "/v1/models")
     except (OSError, http.client.HTTPException) as exc:
-        raise BenchError(f"cannot reach {endpoint.url}: {exc}") from exc
+        raise EndpointUnreachable(str(exc) or type(exc).__name__) from exc
     if status in (401, 403):
         given = "the key given was refused" if endpoint.api_key else "no key was given"
         raise BenchError(f"{endpoint.url} answered {status} ({given}): {KEY_HINT}")

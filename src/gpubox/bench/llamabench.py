@@ -79,6 +79,7 @@ def host_plan(name: str, data: dict[str, Any]) -> Plan:
         health_url=f"{api_base(cfg)}/health",
         health_timeout=int(cfg.health_timeout),
         url=host_url(name, data.get("ssh_hostname"), cfg.api_port),
+        ssh={k: v for k, v in data.items() if k.startswith("ssh_") or k == "_sudo"},
     )
 
 
@@ -169,22 +170,40 @@ def _say(text: str) -> None:
     print(f"gpubox bench: {text}", file=sys.stderr, flush=True)
 
 
-def main_hook(args: argparse.Namespace, reports: dict[str, dict[str, Any]]) -> tuple[int, Any]:
+def main_hook(
+    args: argparse.Namespace,
+    reports: dict[str, dict[str, Any]],
+    unreachable: set[str] | frozenset[str] = frozenset(),
+) -> tuple[int, Any]:
     """Run llama-bench on every host of args.inventory, print its table beside the served
     figures (``reports``, by host name), keep the figures; (exit status, JSON-able results).
-    Exit status: 0 measured, 1 a run failed or the server is not back, 2 nothing could be
-    run, 130 interrupted."""
+    Hosts in ``unreachable`` (already reported) and hosts whose SSH cannot be reached (one
+    line each, NAME: unreachable: WHY) are skipped. Exit status (gpubox.reach's codes
+    combined): 0 measured, 1 a run failed or the server is not back, 2 nothing could be
+    run, 3 a host unreachable; 130 interrupted."""
     if not (args.llama_bench or args.split_modes):
         return 0, None
     import testinfra
+
+    from gpubox import reach
 
     try:
         plans = load_plans(args.inventory)
     except BenchError as exc:
         _say(str(exc))
         return 2, None
-    rc = 0
+    codes: list[int] = []
     results: dict[str, Any] = {}
+    for name in unreachable:
+        results[name] = {"error": "unreachable"}
+        codes.append(reach.UNREACHABLE)
+    plans = [p for p in plans if p.name not in unreachable]
+    found = reach.probe_all([(p.name, p.ssh) for p in plans if not p.error])
+    for name, why in found.items():
+        print(reach.unreachable_line(name, why), file=sys.stderr, flush=True)
+        results[name] = {"error": f"unreachable: {why}"}
+        codes.append(reach.UNREACHABLE)
+    plans = [p for p in plans if p.name not in found]
     with tempfile.TemporaryDirectory(prefix="gpubox-llama-bench-") as tmp:
         ssh_config = Path(tmp) / "ssh_config"
         ssh_config.write_text("".join(p.ssh_config for p in plans if not p.error))
@@ -192,7 +211,7 @@ def main_hook(args: argparse.Namespace, reports: dict[str, dict[str, Any]]) -> t
             if plan.error:
                 _say(f"{plan.name}: no llama-bench: {plan.error}")
                 results[plan.name] = {"error": plan.error}
-                rc = max(rc, 2)
+                codes.append(reach.BAD_INPUT)
                 continue
             modes = args.split_modes or [plan.split_mode]
             host = testinfra.get_host(
@@ -226,7 +245,7 @@ def main_hook(args: argparse.Namespace, reports: dict[str, dict[str, Any]]) -> t
                 else bool(result.modes) and all(m.ok for m in result.modes)
             )
             if not result.modes:
-                rc = max(rc, 2)
+                codes.append(reach.BAD_INPUT)
             elif not measured or result.restart_error:
-                rc = max(rc, 1)
-    return rc, results
+                codes.append(reach.DEVIATES)
+    return reach.combine(codes), results

@@ -10,7 +10,7 @@ import shlex
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpubox import layout
@@ -54,6 +54,7 @@ class Plan:
     health_url: str = ""  # as reached on the box
     health_timeout: int = 1800
     url: str = ""  # the endpoint `gpubox bench --inventory` benches (its record's key)
+    ssh: dict[str, Any] = field(default_factory=dict)  # the host's ssh_* data (reach.probe)
 
 
 def argv_for(plan: Plan, mode: str, verbose: bool = False) -> list[str]:

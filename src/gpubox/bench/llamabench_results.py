@@ -194,6 +194,8 @@ def format_table(result: HostResult, report: dict[str, Any] | None) -> str:
         if x
     )
     lines.append(f"{result.name}: llama-bench" + (f" ({about})" if about else ""))
+    if not result.modes:  # nothing ran: the reason, not an empty table
+        return f"{lines[0]}: {result.error or 'no split mode ran'}"
     served = _served(report)
     heads = [f"-sm {m.mode}" for m in result.modes]
     if served:

@@ -82,11 +82,14 @@ def api_base(config: HostConfig) -> str:
 
 def curl(config: HostConfig, path: str, *args: str, key: bool = True, limit: int = 120) -> str:
     """A request made on the box itself: prints the HTTP status, a newline, then the body.
-    The key is read from its file there (never on a command line)."""
-    auth = f'-H "Authorization: Bearer $(cat {shlex.quote(config.api_key_file)})" ' if key else ""
+    The key is read from its file there by sed and handed to curl on standard input as a
+    curl config line (``header = "..."``, \\ and \" escaped): never on a command line."""
+    header = r"""-e 's/[\\"]/\\&/g' -e '1s/.*/header = "Authorization: Bearer &"/p'"""
+    feed = f"sed -n {header} {shlex.quote(config.api_key_file)} | " if key else ""
+    auth = "--config - " if key else ""
     out = "/tmp/gpubox-check.$$"
     return (
-        f"curl -sS --max-time {limit} -o {out} -w '%{{http_code}}' {auth}"
+        f"{feed}curl -sS --max-time {limit} -o {out} -w '%{{http_code}}' {auth}"
         + "".join(shlex.quote(a) + " " for a in args)
         + shlex.quote(api_base(config) + path)
         + f"; echo; cat {out} 2>/dev/null; rm -f {out}"

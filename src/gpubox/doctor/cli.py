@@ -1,7 +1,9 @@
 """`gpubox doctor INVENTORY [--json]`: read each host (read-only), judge it with the checks that
 do not act on the box, and print its screen or one JSON document.
 
-Exit status: 0 when no host deviates, 1 when one does, 2 when the inventory is unusable."""
+Exit status (gpubox.reach's codes; across hosts the first of 2, 3, 1, 0): 0 when no host
+deviates, 1 when one does, 2 when the inventory is unusable (nothing contacted), 3 when a host
+cannot be reached: one line for it, NAME: unreachable: WHY, and nothing else judged."""
 
 from __future__ import annotations
 
@@ -9,11 +11,10 @@ import argparse
 import datetime
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gpubox import bench, checks
+from gpubox import bench, checks, reach
 from gpubox.checks.core import FACTS, Unreachable
 from gpubox.config import ConfigError, HostConfig, load_host_config
 from gpubox.doctor.render import (
@@ -83,17 +84,18 @@ def main(argv: list[str]) -> int:
         hosts = inventory.load(args.inventory)
     except Exception as exc:  # a broken inventory file is the user's to see, whole
         print(f"gpubox doctor: cannot read {args.inventory}: {exc}", file=sys.stderr)
-        return 2
+        return reach.BAD_INPUT
     if not hosts:
         print(f"gpubox doctor: {args.inventory} defines no hosts", file=sys.stderr)
-        return 2
+        return reach.BAD_INPUT
     configs: dict[str, HostConfig] = {}
     for name, data in hosts:
         try:
             configs[name] = load_host_config(name, data)
         except ConfigError as exc:
             print(f"gpubox doctor: {exc}\n(gpubox check {args.inventory})", file=sys.stderr)
-            return 2
+            return reach.BAD_INPUT
+    unreachable = reach.probe_all(hosts)
     reports: list[dict[str, Any]] = []
     screens: list[str] = []
     rows: list[dict[str, Any]] = []
@@ -103,24 +105,17 @@ def main(argv: list[str]) -> int:
         ssh_config.write_text("".join(inventory.ssh_config_entry(n, d) for n, d in hosts))
         for name, data in hosts:
             config = configs[name]
+            if name in unreachable:
+                _unreachable(name, config, unreachable[name], reports, screens, rows)
+                continue
             host = testinfra.get_host(
                 f"paramiko://{name}", ssh_config=str(ssh_config), sudo=inventory.uses_sudo(data)
             )
             try:
                 facts = gather(_runner(host), config)
-            except Unreachable as exc:
-                verdict = checks.Verdict(
-                    "ssh",
-                    name,
-                    "error",
-                    f"cannot reach {name}: {exc}",
-                    "check ssh_* in the inventory",
-                )
-                reports.append(
-                    {"host": name, "ok": False, "findings": [asdict(verdict)], "checks": {}}
-                )
-                screens.append(f"== {name}: unreachable\n  ! {verdict}\n")
-                rows.append(fleet_row(name, config, None, [verdict]))
+            except Unreachable as exc:  # reached by the probe, lost since
+                unreachable[name] = str(exc)
+                _unreachable(name, config, str(exc), reports, screens, rows)
                 continue
             url = bench.host_url(name, data.get("ssh_hostname"), config.api_port)
             view = describe(config, facts, now, last_bench=bench.load_record(name, url))
@@ -130,8 +125,27 @@ def main(argv: list[str]) -> int:
             rows.append(fleet_row(name, config, view, verdicts))
     if args.json:
         print(render_json(reports, rows), end="")
+        reach.say_unreachable(unreachable, file=sys.stderr)  # "unreachable" in the JSON too
     else:
         print(render_fleet(rows))
         print("\n".join(screens), end="")
-    deviations = any(not report["ok"] for report in reports)
-    return 1 if deviations else 0
+    return reach.combine(
+        reach.UNREACHABLE
+        if report["host"] in unreachable
+        else (reach.OK if report["ok"] else reach.DEVIATES)
+        for report in reports
+    )
+
+
+def _unreachable(
+    name: str,
+    config: HostConfig,
+    why: str,
+    reports: list[dict[str, Any]],
+    screens: list[str],
+    rows: list[dict[str, Any]],
+) -> None:
+    """A host that cannot be reached: one line (NAME: unreachable: WHY), no verdict."""
+    reports.append({"host": name, "ok": False, "unreachable": why, "findings": [], "checks": {}})
+    screens.append(reach.unreachable_line(name, why) + "\n")
+    rows.append(fleet_row(name, config, None, []))

@@ -259,7 +259,7 @@ def fleet_row(
             "host": host,
             **{key: "-" for key, _ in FLEET_COLUMNS[1:-1]},
             "os": "unreachable",
-            "deviations": failed,
+            "deviations": "-",  # nothing judged
         }
     os_view = view["os"]
     if "error" in os_view:
@@ -330,8 +330,11 @@ def render_fleet(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         cells = [str(row[key]) for key, _ in FLEET_COLUMNS]
         lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-    deviating = sum(1 for row in rows if row["deviations"])
+    deviating = sum(1 for row in rows if row["deviations"] and row["os"] != "unreachable")
+    unreachable = sum(1 for row in rows if row["os"] == "unreachable")
+    fine = len(rows) - deviating - unreachable
     lines.append(
-        f"{len(rows)} host(s): {len(rows) - deviating} as the inventory says, {deviating} deviating"
+        f"{len(rows)} host(s): {fine} as the inventory says, {deviating} deviating"
+        + (f", {unreachable} unreachable" if unreachable else "")
     )
     return "\n".join(lines) + "\n"
