@@ -36,7 +36,7 @@ def run_stages(*stages: Callable[[], object]) -> None:
     stage either."""
     from pyinfra.context import ctx_host
 
-    from gpubox import readahead
+    from gpubox import outcome, readahead
 
     readahead.install()  # a no-op run reads the box once (gpubox.readahead)
     # pyinfra names an operation by the line numbers of its call stack, not the files: two
@@ -50,7 +50,9 @@ def run_stages(*stages: Callable[[], object]) -> None:
         for index, stage in enumerate(stages):
             position[-1] = index
             stage()
-    except (HostRefused, HostStopped):
+    except HostStopped:
+        outcome.stopped(ctx_host.get().name if ctx_host.isset() else "")
+    except HostRefused:
         pass  # the reason, with the host's name, is in the output already
     finally:
         position.pop()
