@@ -213,21 +213,27 @@ def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
     unit_op = managed.put(f"Model download unit {UNIT}", UNIT_FILE)
     units.reload_units(unit_op, label="model download")
     logger.info(f"{host.name}: downloading {p.file} into {p.directory} in the background ({UNIT})")
+    start_unit("the file verifies", "the partial download is kept", script_op, unit_op)
+    done[host.name] = _Begun(total, False)
+    return done[host.name]
+
+
+def start_unit(until: str, kept: str, script_op: object, unit_op: object) -> None:
+    """Start the download unit, enabled until ``until`` (so it resumes after a reboot), and
+    restart it when its script or unit changed (``kept``: what a restart keeps)."""
     start = systemd.service(
-        name=f"Start {UNIT} (enabled until the file verifies: it resumes after a reboot)",
+        name=f"Start {UNIT} (enabled until {until}: it resumes after a reboot)",
         service=f"{UNIT}.service",
         running=True,
         enabled=True,
     )
     units.restart_on_change(
         f"{UNIT}.service",
-        f"Restart {UNIT} with its new script or unit (the partial download is kept)",
+        f"Restart {UNIT} with its new script or unit ({kept})",
         script_op,
         unit_op,
         unless=start,
     )
-    done[host.name] = _Begun(total, False)
-    return done[host.name]
 
 
 @deploy("Model download")
@@ -385,19 +391,7 @@ def begin_checkpoint(config: HostConfig) -> _Begun:
     logger.info(
         f"{host.name}: downloading {c.repo} into {c.directory} in the background ({UNIT}){missing}"
     )
-    start = systemd.service(
-        name=f"Start {UNIT} (enabled until the checkpoint is complete: it resumes after a reboot)",
-        service=f"{UNIT}.service",
-        running=True,
-        enabled=True,
-    )
-    units.restart_on_change(
-        f"{UNIT}.service",
-        f"Restart {UNIT} with its new script or unit (the files downloaded are kept)",
-        script_op,
-        unit_op,
-        unless=start,
-    )
+    start_unit("the checkpoint is complete", "the files downloaded are kept", script_op, unit_op)
     done[host.name] = _Begun(total, False)
     return done[host.name]
 
