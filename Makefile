@@ -54,7 +54,7 @@ integration: venv host-packages
 # fails the target.
 test: lint ops resolver venv host-packages
 	@rm -f .unit-tier.log; \
-	( $(BIN)/pytest -q tests/unit > .unit-tier.log 2>&1 ) & unit=$$!; \
+	( $(BIN)/pytest -q tests/unit --durations=15 > .unit-tier.log 2>&1 ) & unit=$$!; \
 	echo "unit tier: running beside the integration tier (PID $$unit), output at the end"; \
 	$(BIN)/pytest -q -m integration tests/integration --durations=20; integration=$$?; \
 	wait $$unit; unit_rc=$$?; \

@@ -245,7 +245,7 @@ def test_llama_cpp_is_the_catalogs_source_with_cuda_graphs_on_volta_and_full_slo
     """The box built the catalog's pinned llama.cpp (the sandbox served the same sdist bytes
     under a mirror URL): the source check found CUDA graphs on from 7.0, llama-bench was built
     beside llama-server, --version shows the catalog's commit, and each slot has the whole
-    model_ctx (unified KV cache)."""
+    model_ctx of its own (-c model_ctx x model_parallel, no unified KV cache)."""
     config = load_host_config("b", {"llamacpp_cuda": False})
     llama = config.catalog["llamacpp"]
     d = f"{llama['prefix']}/{llama['tag']}"
@@ -259,7 +259,7 @@ def test_llama_cpp_is_the_catalogs_source_with_cuda_graphs_on_volta_and_full_slo
     print(version.strip().splitlines()[0])
     assert f"(build {llama['build_number']}, commit {llama['commit'][:7]})" in version
     unit = box_sh(f"systemctl show -p ExecStart --value {LLAMA}")
-    assert " -kvu " in unit and " -sm layer " in unit
+    assert " -c 4096 -np 2 -no-kvu " in unit and " -sm layer " in unit
     key = box_sh("cat /etc/gpubox/api-key").strip()
     props = json.loads(
         box_sh(f"curl -sS -H 'Authorization: Bearer {key}' http://127.0.0.1:8080/props")
@@ -268,7 +268,7 @@ def test_llama_cpp_is_the_catalogs_source_with_cuda_graphs_on_volta_and_full_slo
         f"/props: n_ctx {props['default_generation_settings']['n_ctx']}, "
         f"total_slots {props['total_slots']}"
     )
-    # the sandbox inventory's model_ctx 2048 and model_parallel 2: every slot gets all 2048
+    # the sandbox inventory's model_ctx 2048 and model_parallel 2: each slot holds 2048
     assert props["default_generation_settings"]["n_ctx"] == 2048
     assert props["total_slots"] == 2
     # build time, from the extracted tree to the marker (configure and build; printed only)

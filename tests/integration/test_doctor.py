@@ -1,16 +1,21 @@
-"""gpubox doctor and gpubox nvlink against the sandbox box after a deploy: a converged box is
-OK, and each planted fault (a GPU missing, an NVLink link down, persistence off) is named
-with its fix; nvlink labels the stand-in's traffic. The tests run in order on one box."""
+"""gpubox doctor, gpubox bench and gpubox nvlink against the sandbox box after a deploy: a
+converged box is OK; bench's defaults and every slot full at once complete every request;
+llama-bench runs beside the served figures; each planted fault (a GPU missing, an NVLink link
+down, persistence off) is named with its fix; nvlink labels the stand-in's traffic. The tests
+run in order on one box."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import box_sh, plant
 
+from gpubox import bench as bench_records
 from gpubox import checks, demo, inventory, layout
 from gpubox.config import load_host_config
 from gpubox.sandbox.standin import state as standin_state
@@ -56,10 +61,11 @@ def test_a_deployed_box_is_ok():
     )
 
 
-def test_bench_measures_the_real_llama_server(tmp_path):
+def bench(tmp_path, name: str, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """`gpubox bench` against the box's llama-server; its process and its --json report."""
     key = tmp_path / "api-key"
     key.write_text(box_sh("cat /etc/gpubox/api-key"))
-    out = tmp_path / "bench.json"
+    out = tmp_path / f"{name}.json"
     proc = gpubox(
         "bench",
         "http://127.0.0.1:8080",
@@ -67,22 +73,164 @@ def test_bench_measures_the_real_llama_server(tmp_path):
         "qwen3-next",
         "--api-key-file",
         str(key),
-        "--concurrency",
-        "1,2",
-        "--requests",
-        "4",
-        "--prompt-tokens",
-        "16",
-        "--max-tokens",
-        "16",
         "--json",
         str(out),
+        *args,
     )
+    print(f"\n[{name}]\n{proc.stdout}{proc.stderr[-2000:]}")
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return proc, report
+
+
+def levels(report: dict) -> list[dict]:
+    [result] = report["results"].values()
+    return result["levels"]
+
+
+def test_bench_with_its_defaults_completes_every_request_at_every_level(tmp_path):
+    """gpubox bench's defaults (256-word prompts, 256 tokens out, concurrency 1, 2 and 4) on
+    the sandbox's two slots of 2048 tokens: concurrency 4 waits for a slot, nothing fails
+    (with one shared pool of 2048 tokens, as llama-server ran before, 2 and 4 failed every
+    request with "Context size has been exceeded")."""
+    proc, report = bench(tmp_path, "defaults")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    print("\n" + proc.stdout)
-    report = json.loads(out.read_text())
-    print(json.dumps(report, indent=1)[:1500])
     assert "TTFT" in proc.stdout
+    found = {lv["max_concurrency"]: (lv["completed"], lv["failed"]) for lv in levels(report)}
+    assert found == {1: (8, 0), 2: (8, 0), 4: (16, 0)}
+
+
+def test_every_slot_holds_its_whole_context_at_the_same_time(tmp_path):
+    """model_parallel requests that each fill most of one slot's model_ctx run side by side,
+    and twice as many wait their turn: every one completes, every answer full length."""
+    config = _config()
+    ctx, slots = config.model_ctx, config.model_parallel
+    # how many tokens a word of the bench's prompts costs on this model (chat template too)
+    probe, report = bench(
+        tmp_path, "probe", "--concurrency", "1", "--requests", "1", "--warmup", "0",
+        "--prompt-tokens", "200", "--max-tokens", "1",
+    )  # fmt: skip
+    assert probe.returncode == 0
+    per_word = levels(report)[0]["total_input_tokens"] / 200
+    out = 256
+    words = int((ctx - out - 64) / per_word)
+    proc, report = bench(
+        tmp_path, "full-slots", "--concurrency", f"{slots},{2 * slots}",
+        "--requests", str(2 * slots), "--warmup", "0",
+        "--prompt-tokens", str(words), "--max-tokens", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for level in levels(report):
+        n = level["completed"]
+        assert (n, level["failed"]) == (2 * slots, 0), level["errors"]
+        prompt = level["total_input_tokens"] / n
+        print(
+            f"concurrency {level['max_concurrency']}: {n} requests of {prompt:.0f} prompt "
+            f"tokens + {out} out, in slots of {ctx}"
+        )
+        # each request filled most of its slot: together they were more than one slot holds
+        assert ctx * 0.8 <= prompt + out <= ctx
+        assert level["total_output_tokens"] == n * out
+
+
+# gpubox bench --llama-bench against the same box, for real: the deploy built llama-bench
+# beside llama-server (a CPU build), and `gpubox bench --inventory inventories/sandbox.py
+# --llama-bench` runs it over SSH on the tiny model, with gpubox-llama-server stopped for the
+# run and healthy again after it; --split-modes reports the mode llama.cpp refuses on a CPU
+# build (tensor) as failed with llama.cpp's reason, and names the mode to set.
+
+HOST = "gpubox-sandbox"
+UNIT = "gpubox-llama-server"
+
+
+def llama_bench(
+    tmp_path: Path, *args: str, key_file: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`gpubox bench --inventory inventories/sandbox.py ARGS` in the sandbox's network namespace,
+    a short served bench (1 stream, 4 requests). Its records go where a user's would (the
+    sandbox reads GPUBOX_STATE_DIR too, so it is left alone). ``key_file``: the API key copied
+    to a local file and given with --api-key-file; without it the bench reads it from the box
+    over the inventory's SSH connection."""
+    given = []
+    if key_file:
+        key = tmp_path / "api-key"
+        key.write_text(box_sh("cat /etc/gpubox/api-key"))
+        given = ["--api-key-file", str(key)]
+    argv = demo.in_netns(
+        [
+            sys.executable, "-m", "gpubox.bench", "--inventory", demo.INVENTORY,
+            *given, "--concurrency", "1", "--requests", "4",
+            "--prompt-tokens", "64", "--max-tokens", "32", *args,
+        ]
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "GPUBOX_API_KEY"}
+    proc = subprocess.run(
+        argv, cwd=demo.ROOT, text=True, capture_output=True, timeout=1200, env=env
+    )
+    print("\n" + proc.stdout + proc.stderr[-3000:])
+    return proc
+
+
+def service_is_back() -> None:
+    assert box_sh(f"systemctl is-active {UNIT}", check=False).strip() == "active"
+    code = box_sh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8080/health")
+    assert code == "200"
+    assert box_sh("test -e /run/gpubox-llama-bench.pid || echo gone").strip() == "gone"
+
+
+def test_the_deploy_built_llama_bench():
+    assert box_sh("ls /opt/llama.cpp/*/bin/llama-bench").strip()
+    service_is_back()
+
+
+def test_llama_bench_beside_the_served_figures(tmp_path):
+    out = tmp_path / "bench.json"
+    pid_before = box_sh(f"systemctl show -p MainPID --value {UNIT}").strip()
+    # as a user runs it: no key copied, the API on the box's loopback (api_host's default)
+    proc = llama_bench(tmp_path, "--llama-bench", "--json", str(out), key_file=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"{HOST}: the API at 127.0.0.1:8080 on the box, through an SSH tunnel from " in (
+        proc.stderr
+    )
+    assert box_sh("cat /etc/gpubox/api-key").strip() not in proc.stdout + proc.stderr
+    assert f"{HOST}: stopping {UNIT} for llama-bench" in proc.stderr
+    assert f"{HOST}: {UNIT} healthy again after" in proc.stderr
+    service_is_back()
+    # a new server process: it was stopped and started, not left running beside the bench
+    assert box_sh(f"systemctl show -p MainPID --value {UNIT}").strip() != pid_before
+
+    [mode] = json.loads(out.read_text())["llama_bench"][HOST]["modes"]
+    assert mode["mode"] == "layer" and mode["ok"], mode
+    pp512, tg128 = mode["tests"]["pp512"], mode["tests"]["tg128"]
+    assert pp512["avg_ts"] > 0 and tg128["avg_ts"] > 0
+    assert pp512["split_mode"] == tg128["split_mode"] == "layer"
+    assert tg128["backends"] == "CPU" and tg128["n_gpu_layers"] == 999
+    assert len(tg128["samples_ts"]) == 3
+    for name, test in (("tg128", tg128), ("pp512", pp512)):
+        print(f"\n[llama-bench] tiny model {name} {test['avg_ts']:.1f} ± {test['stddev_ts']:.1f}")
+
+    # one table: llama-bench's rows beside the served ones
+    table = proc.stdout[proc.stdout.index(f"{HOST}: llama-bench") :].splitlines()
+    assert table[1].split()[:3] == ["tok/s", "-sm", "layer"] and "served," in table[1]
+    assert table[2].split()[:2] == ["prompt", "(pp512)"] and len(table[2].split()) == 6
+    assert table[3].split()[:3] == ["decode", "(tg128)", f"{tg128['avg_ts']:.1f}"]
+
+    record = bench_records.load_record(HOST, "http://127.0.0.1:8080")
+    assert record is not None and record["levels"][0]["completed"] == 4  # the served figures
+    kept = record["llama_bench"]["modes"]["layer"]["tg128"]["avg_ts"]
+    assert kept == pytest.approx(tg128["avg_ts"])
+
+
+def test_split_modes_name_the_one_to_set(tmp_path):
+    proc = llama_bench(tmp_path, "--split-modes", "layer,tensor")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # A CPU build has no device to split a tensor over: llama.cpp refuses the model.
+    failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("  -sm tensor failed: ")]
+    assert len(failed) == 1 and "exit status 1" in failed[0], proc.stdout
+    assert "-sm layer failed" not in proc.stdout
+    [advice] = [ln for ln in proc.stdout.splitlines() if ln.startswith("set llamacpp_split_mode")]
+    assert advice.startswith("set llamacpp_split_mode: layer (tg128 ")
+    assert advice.endswith(" tok/s vs tensor failed) (already set)")
+    service_is_back()
 
 
 def test_a_missing_gpu_is_named():

@@ -84,9 +84,9 @@ def test_llama_server_flags_follow_the_config():
         "--alias qwen3-next",
         "--host 127.0.0.1",
         "--port 8080",
-        "-c 65536",
+        "-c 131072",  # two slots of 65536 each
         "-np 2",
-        "-kvu",
+        "-no-kvu",
         "-ngl 999",
         "-sm layer",
         "-ts 1,1",
@@ -142,7 +142,7 @@ def test_split_mode_row_splits_each_layer_with_no_p2p():
 def test_split_mode_tensor_gets_f16_kv_flash_attention_and_peer_access():
     config = load_host_config("b", {**REFERENCE, "llamacpp_split_mode": "tensor"})
     text = " ".join(llamacpp_stage.llama_args(config, "/m"))
-    for expected in ("-sm tensor", "-fa on", "-ctk f16 -ctv f16", "-c 131072", "-kvu"):
+    for expected in ("-sm tensor", "-fa on", "-ctk f16 -ctv f16", "-c 262144", "-no-kvu"):
         assert expected in text, expected
     unit = unit_of({"llamacpp_split_mode": "tensor"})
     assert "\nEnvironment=GGML_CUDA_P2P=1\n" in unit
@@ -295,7 +295,10 @@ def test_backend_compat_rules():
         "tensor parallel 4 is larger than gpu_count 2"
         in problems({"backend": "vllm", "vllm_tensor_parallel": 4})["vllm_tensor_parallel"]
     )
-    assert "larger than the model's 262144" in problems({"model_ctx": 400000})["model_ctx"]
+    assert (
+        "larger than the model's 262144"
+        in problems({"model_ctx": 400128, "model_parallel": 1})["model_ctx"]
+    )
     assert "must be one of 'llamacpp', 'vllm', 'none'" in problems({"backend": "tgi"})["backend"]
     assert problems({"model_quantization": "bf16", "gpu_model": "NVIDIA A100-SXM4-80GB"}) == {}
     assert "model_url" in problems({"model_source": "url"})

@@ -168,10 +168,11 @@ def test_a_context_that_does_not_fit_the_gpus_is_refused_with_the_largest_that_f
     kv = {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.kv_mib_per_1k_ctx": 200}}
     msg = messages({**REFERENCE, **kv})["model_ctx"]
     assert msg == (
-        "qwen3-next-80b-a3b-thinking with context 131072 needs about 71 GiB of GPU memory "
-        "(46 GiB of weights + the KV cache); 2x Tesla V100-SXM2-32GB have 61 GiB usable: "
-        "lower model_ctx to 76800 or less"
+        "qwen3-next-80b-a3b-thinking with 2 slot(s) of 131072 tokens (a KV pool of 262144 "
+        "tokens: every slot may hold its whole context at once) needs about 96 GiB of GPU "
+        "memory (46 GiB of weights + the KV cache); 2x Tesla V100-SXM2-32GB have 61 GiB "
+        "usable: lower model_ctx to 37888 or less, or lower model_parallel"
     )
-    largest = 76800
+    largest = 37888
     assert messages({**REFERENCE, **kv, "model_ctx": largest}) == {}
     assert "model_ctx" in messages({**REFERENCE, **kv, "model_ctx": largest + 1024})

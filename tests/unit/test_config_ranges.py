@@ -152,12 +152,12 @@ def test_a_good_number_override_is_used():
         "box",
         {
             **REFERENCE,
-            "model_ctx": 300000,
-            "catalog_overrides": {f"models.{MODEL}.context": 300000, f"models.{MODEL}.size": 7},
+            "model_ctx": 300032,
+            "catalog_overrides": {f"models.{MODEL}.context": 300032, f"models.{MODEL}.size": 7},
         },
     )
     assert config is not None
-    assert config.catalog["models"][MODEL]["context"] == 300000
+    assert config.catalog["models"][MODEL]["context"] == 300032
     assert config.catalog["models"][MODEL]["size"] == 7
     assert config.catalog["models"][MODEL]["sampling"]["temp"] == 0.6
 

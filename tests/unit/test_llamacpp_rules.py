@@ -53,32 +53,63 @@ def test_the_defaults_are_two_slots_of_the_whole_context_and_fit_the_reference_b
     assert (config.model_ctx, config.model_parallel) == (131072, 2)
     assert config.llamacpp_split_mode == "layer"
     assert validate("box", REFERENCE)[1] == []
-    # the fit rule's own sum: 46 GiB of weights + 131072 tokens x 24 KiB, within 95% of 64 GiB
+    # the fit rule's own sum: 46 GiB of weights + two full slots of 131072 tokens x 24 KiB,
+    # within 95% of 64 GiB
     model = config.catalog["models"][MODEL]
-    need_mib = model["weights_gib"] * 1024 + model["kv_mib_per_1k_ctx"] * 131072 / 1024
-    assert need_mib == 50176 and need_mib < 2 * 32768 * 0.95
+    need_mib = model["weights_gib"] * 1024 + model["kv_mib_per_1k_ctx"] * 2 * 131072 / 1024
+    assert need_mib == 53248 and need_mib < 2 * 32768 * 0.95
 
 
 def test_a_slot_smaller_than_the_thinking_budget_is_refused():
     message = errors({"model_ctx": 16384})["model_ctx"]
     assert message == (
         f"{MODEL} may think for 32768 tokens (its model card's output budget), but a slot "
-        "holds 16384 tokens (with the unified KV cache each slot gets all of model_ctx): "
-        "raise model_ctx"
+        "holds model_ctx = 16384 tokens: raise model_ctx"
     )
     assert errors({"model_ctx": 32768}) == {}
+    # every slot holds model_ctx, however many there are
+    assert errors({"model_ctx": 32768, "model_parallel": 4}) == {}
 
 
-def test_without_the_unified_kv_cache_each_slot_gets_a_share():
-    # -np 4 -c 65536 without -kvu: 16384 tokens a slot, the seed's mistake
-    data = {"model_ctx": 65536, "model_parallel": 4, "llamacpp_extra_args": ["-no-kvu"]}
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["-kvu"], "-kvu"),
+        (["--kv-unified"], "--kv-unified"),
+        (["--kv-unified-per-slot", "4096"], "--kv-unified-per-slot"),
+        (["-no-kvu"], "-no-kvu"),
+        (["-c", "65536"], "-c"),
+        (["--ctx-size=65536"], "--ctx-size"),
+        (["-np", "4"], "-np"),
+        (["--parallel", "4"], "--parallel"),
+    ],
+)
+def test_extra_args_that_would_resize_the_slots_are_refused(args, flag):
+    message = errors({"llamacpp_extra_args": args})["llamacpp_extra_args"]
+    assert message.startswith(f"sets {flag}: ")
+    assert errors({"llamacpp_extra_args": ["--no-warmup"]}) == {}
+
+
+def test_a_context_llamacpp_would_round_is_refused_naming_both_neighbours():
+    assert errors({"model_ctx": 100000})["model_ctx"] == (
+        "llama.cpp sizes each slot in steps of 256 tokens, so 100000 would become 100096: "
+        "use 99840 or 100096"
+    )
+    assert errors({"model_ctx": 100096}) == {}
+    # vLLM takes any length
+    assert "model_ctx" not in errors({"backend": "vllm", "model_ctx": 100000})
+
+
+def test_the_fit_counts_every_slot_full_at_once():
+    # 46 GiB of weights on 2x V100-32GB (95% usable): about 14.8 GiB of KV room, 646k tokens
+    # of 24 KiB; at four slots each may hold 160768 (rounded down to 1024)
+    data = {"model_parallel": 4, "model_ctx": 163840}
     message = errors(data)["model_ctx"]
-    assert "a slot holds 16384 tokens" in message
-    assert "model_ctx / model_parallel (65536 / 4)" in message
-    assert message.endswith("raise model_ctx or lower model_parallel")
-    assert errors({**data, "model_parallel": 2}) == {}
-    # with the unified KV cache (gpubox's -kvu) the same context is every slot's
-    assert errors({"model_ctx": 65536, "model_parallel": 4}) == {}
+    assert "4 slot(s) of 163840 tokens (a KV pool of 655360 tokens" in message
+    assert message.endswith("lower model_ctx to 160768 or less, or lower model_parallel")
+    assert errors({**data, "model_ctx": 160768}) == {}
+    # one slot of the same context fits easily
+    assert errors({**data, "model_parallel": 1}) == {}
 
 
 def test_the_sandboxs_tiny_model_is_not_held_to_the_thinking_budget():

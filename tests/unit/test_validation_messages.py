@@ -76,9 +76,9 @@ ONE_V100 = {"gpu_count": 1, "nvlink": False}
 WEIGHTS_MESSAGE = (
     f"{MODEL}'s weights alone are about 46 GiB (gguf-q4_k); 1x Tesla V100-SXM2-32GB has 30 GiB "
     "usable, so no model_ctx fits: use more GPUs (gpu_count 2: 61 GiB, room for model_ctx "
-    "131072), or fewer bits per weight: a quantisation of at most 27 GiB at model_ctx 131072 "
-    "(its GGUF as model_file and model_sha256, its size as catalog_overrides "
-    f"models.{MODEL}.weights_gib)"
+    "131072 x model_parallel 2), or fewer bits per weight: a quantisation of at most 24 GiB at "
+    "model_ctx 131072 x model_parallel 2 (its GGUF as model_file and model_sha256, its size "
+    f"as catalog_overrides models.{MODEL}.weights_gib)"
 )
 
 
@@ -102,7 +102,7 @@ def test_each_fix_the_weights_message_proposes_validates():
 
 
 def test_weights_that_fit_with_a_context_that_does_not_name_model_ctx():
-    # 27 GiB of weights fit one V100; 262144 tokens of KV cache (6 GiB) beside them do not
+    # 27 GiB of weights fit one V100; two slots of 262144 tokens of KV cache (12 GiB) do not
     data = {
         **ONE_V100,
         "model_ctx": 262144,
@@ -110,7 +110,9 @@ def test_weights_that_fit_with_a_context_that_does_not_name_model_ctx():
     }
     found = problems(data)
     assert list(found) == ["model_ctx"]
-    assert found["model_ctx"].startswith(f"{MODEL} with context 262144 needs about 33 GiB")
+    assert found["model_ctx"].startswith(
+        f"{MODEL} with 2 slot(s) of 262144 tokens (a KV pool of 524288"
+    )
     largest = int(re.search(r"lower model_ctx to (\d+) or less", found["model_ctx"]).group(1))
     assert problems({**data, "model_ctx": largest}) == {}
 

@@ -106,8 +106,8 @@ def streams_tokens(c: HostConfig, r: Reading) -> str | None:
 
 
 def slots(c: HostConfig, r: Reading) -> str | None:
-    """llama-server's /props: the context of one slot (with the unified KV cache, all of
-    model_ctx) and the number of slots."""
+    """llama-server's /props: the context of one slot (model_ctx: -c is model_ctx x
+    model_parallel without the unified KV cache) and the number of slots."""
     status, body = r.get("api_props")
     if status != 200:
         return f"/props answered {status}: {body[:200]}"

@@ -115,25 +115,27 @@ def llamacpp_memory(
     values: dict[str, Any], model: dict[str, Any], gpu: compat.GpuModel
 ) -> tuple[str, str] | None:
     """Whether llama.cpp's weights and KV cache fit the GPUs, as (key, message) when they do
-    not. Weights that do not fit alone are gpu_count's problem, with the fixes that can work
-    (more GPUs, fewer bits); weights that fit with a context that does not, model_ctx's, with
-    the largest context that fits."""
-    count, ctx = values["gpu_count"], values["model_ctx"]
+    not. The KV cache is the whole pool: model_parallel slots of model_ctx tokens each, all
+    full at once. Weights that do not fit alone are gpu_count's problem, with the fixes that
+    can work (more GPUs, fewer bits); weights that fit with a pool that does not, model_ctx's,
+    with the largest per-slot context that fits at this model_parallel."""
+    count, ctx, slots = values["gpu_count"], values["model_ctx"], values["model_parallel"]
+    pool = ctx * slots
     per_gpu = gpu.memory_mib * USABLE
     have = per_gpu * count
     weights = model["weights_gib"] * 1024
     kv_per_token = model["kv_mib_per_1k_ctx"] / 1024
-    need = weights + kv_per_token * ctx
+    need = weights + kv_per_token * pool
     if need <= have:
         return None
     what = f"{count}x {gpu.name} {'has' if count == 1 else 'have'} {have / 1024:.0f} GiB usable"
     if weights >= have:
         gpus = math.ceil(need / per_gpu)
-        room = per_gpu * count - kv_per_token * ctx
+        room = per_gpu * count - kv_per_token * pool
         fewer = (
             f", or fewer bits per weight: a quantisation of at most {room / 1024:.0f} GiB at "
-            f"model_ctx {ctx} (its GGUF as model_file and model_sha256, its size as "
-            f"catalog_overrides models.{values['model']}.weights_gib)"
+            f"model_ctx {ctx} x model_parallel {slots} (its GGUF as model_file and "
+            f"model_sha256, its size as catalog_overrides models.{values['model']}.weights_gib)"
             if room >= 1024
             else ""
         )
@@ -141,15 +143,16 @@ def llamacpp_memory(
             "gpu_count",
             f"{values['model']}'s weights alone are about {model['weights_gib']} GiB "
             f"({model['quantization']}); {what}, so no model_ctx fits: use more GPUs "
-            f"(gpu_count {gpus}: {gpus * per_gpu / 1024:.0f} GiB, room for model_ctx {ctx})"
-            f"{fewer}",
+            f"(gpu_count {gpus}: {gpus * per_gpu / 1024:.0f} GiB, room for model_ctx {ctx} "
+            f"x model_parallel {slots}){fewer}",
         )
-    fits = int((have - weights) / kv_per_token) // 1024 * 1024
+    fits = int((have - weights) / kv_per_token / slots) // 1024 * 1024
     return (
         "model_ctx",
-        f"{values['model']} with context {ctx} needs about {need / 1024:.0f} GiB of GPU "
-        f"memory ({model['weights_gib']} GiB of weights + the KV cache); {what}: lower "
-        f"model_ctx to {fits} or less",
+        f"{values['model']} with {slots} slot(s) of {ctx} tokens (a KV pool of {pool} tokens: "
+        f"every slot may hold its whole context at once) needs about {need / 1024:.0f} GiB of "
+        f"GPU memory ({model['weights_gib']} GiB of weights + the KV cache); {what}: lower "
+        f"model_ctx to {fits} or less, or lower model_parallel",
     )
 
 
@@ -213,6 +216,26 @@ def _arg_values(args: list[Any], *names: str) -> list[str]:
     return found
 
 
+# llama.cpp rounds the KV cache, and each slot's share of it, up to a multiple of 256 tokens.
+SLOT_STEP = 256
+
+# Flags of llamacpp_extra_args that would change what a slot holds, and why each is refused.
+SLOT_FLAGS = (
+    (
+        ("-kvu", "--kv-unified", "--kv-unified-per-slot"),
+        "a unified KV cache lets one request take the whole pool and leaves the other slots "
+        'short ("Context size has been exceeded" mid-answer); gpubox gives every slot its own '
+        "model_ctx instead",
+    ),
+    (
+        ("-no-kvu", "--no-kv-unified"),
+        "gpubox already runs llama-server without the unified KV cache; remove it",
+    ),
+    (("-c", "--ctx-size"), "use model_ctx (each slot's context) instead"),
+    (("-np", "--parallel"), "use model_parallel instead"),
+)
+
+
 def _llamacpp_problems(
     values: dict[str, Any], host_catalog: dict[str, Any], valid: Callable[..., bool]
 ) -> list[tuple[str, str]]:
@@ -237,30 +260,36 @@ def _llamacpp_problems(
             )
         )
     extra = [str(a) for a in values["llamacpp_extra_args"]]
+    # gpubox sizes the slots itself (gpubox.stages.llamacpp.llama_args): -np model_parallel,
+    # -c model_ctx x model_parallel and no unified KV cache, so each slot holds exactly
+    # model_ctx tokens and all of them can be full at once. These flags would undo that.
+    for flags, why in SLOT_FLAGS:
+        given = [f for f in flags if f in extra or any(a.startswith(f + "=") for a in extra)]
+        if given:
+            found.append(("llamacpp_extra_args", f"sets {given[0]}: {why}"))
+    if valid("model_ctx") and values["model_ctx"] % SLOT_STEP:
+        ctx = values["model_ctx"]
+        low, high = ctx // SLOT_STEP * SLOT_STEP, (ctx // SLOT_STEP + 1) * SLOT_STEP
+        found.append(
+            (
+                "model_ctx",
+                f"llama.cpp sizes each slot in steps of {SLOT_STEP} tokens, so {ctx} would "
+                f"become {high}: use {low or SLOT_STEP} or {high}",
+            )
+        )
     model = host_catalog["models"][values["model"]]
     thinking = model.get("thinking_output_tokens") or 0
     # The sandbox's tiny model (a model_file of its own) is not the catalog's thinking model.
     serves_catalog_file = values["model_file"] in (None, model["file"])
-    if serves_catalog_file and valid("model_ctx", "model_parallel", "llamacpp_extra_args"):
-        unified = not {"-no-kvu", "--no-kv-unified"} & set(extra)
-        per_slot = (
-            values["model_ctx"] if unified else values["model_ctx"] // values["model_parallel"]
+    if serves_catalog_file and valid("model_ctx") and values["model_ctx"] < thinking:
+        found.append(
+            (
+                "model_ctx",
+                f"{values['model']} may think for {thinking} tokens (its model card's output "
+                f"budget), but a slot holds model_ctx = {values['model_ctx']} tokens: raise "
+                "model_ctx",
+            )
         )
-        if per_slot < thinking:
-            how = (
-                "with the unified KV cache each slot gets all of model_ctx"
-                if unified
-                else f"without the unified KV cache each slot gets model_ctx / model_parallel "
-                f"({values['model_ctx']} / {values['model_parallel']})"
-            )
-            found.append(
-                (
-                    "model_ctx",
-                    f"{values['model']} may think for {thinking} tokens (its model card's output "
-                    f"budget), but a slot holds {per_slot} tokens ({how}): raise model_ctx"
-                    + ("" if unified else " or lower model_parallel"),
-                )
-            )
     if not valid("llamacpp_split_mode", "llamacpp_extra_args", "gpu_count"):
         return found
     mode = values["llamacpp_split_mode"]

@@ -286,16 +286,18 @@ KEYS: tuple[Key, ...] = (
     ),
     # llama.cpp reads -c 0 as "the model's whole context"; gpubox sizes memory from model_ctx,
     # so it must be the real number. The defaults suit a box one team uses: two requests at
-    # once (two people or agents), each of which may use the whole context, since llama-server
-    # runs with a unified KV cache (-kvu): the slots share one pool of model_ctx tokens, so a
-    # second slot costs no memory, and each answer has room for the model card's thinking
-    # budget. More slots would split the decode speed between more streams.
+    # once (two people or agents), each with a whole context of its own at the same time:
+    # llama-server runs with -c model_ctx x model_parallel and no unified KV cache, so each
+    # slot holds exactly model_ctx tokens (room for the model card's thinking budget), no
+    # request is longer, and a request beyond model_parallel waits for a free slot. Each
+    # slot costs its KV cache (about 3 GiB at 131072 tokens on Qwen3-Next); more slots also
+    # split the decode speed between more streams.
     Key(
         "model_ctx",
         int,
         131072,
-        "context length the server allocates; with llama.cpp's unified KV cache every slot "
-        "may use all of it",
+        "each request slot's context: every slot holds this many tokens at the same time "
+        "(llama.cpp -c is model_ctx x model_parallel; vLLM --max-model-len)",
         min=1,
     ),
     Key(

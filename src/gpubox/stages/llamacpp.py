@@ -25,10 +25,14 @@ def llama_args(config: HostConfig, model_path: str) -> list[str]:
         "--alias", config.model_alias,
         "--host", config.api_host,
         "--port", str(config.api_port),
-        "-c", str(config.model_ctx),
+        # Every slot its whole context, at once: without the unified KV cache llama.cpp gives
+        # each of the -np slots -c / -np tokens of its own, so no request is longer than
+        # model_ctx and model_parallel requests of model_ctx each fit side by side; one more
+        # request waits for a free slot. -no-kvu is explicit: llama-server turns the unified
+        # cache on by itself when the slot count is automatic.
+        "-c", str(config.model_ctx * config.model_parallel),
         "-np", str(config.model_parallel),
-        # one KV cache shared by the slots: each may use all of -c, and a slot costs no memory
-        "-kvu",
+        "-no-kvu",
         "-ngl", "999",  # every layer on the GPUs
         "-sm", config.llamacpp_split_mode,
         "-ts", ",".join(["1"] * config.gpu_count),
