@@ -21,7 +21,7 @@ from gpubox.config import load_host_config
 from gpubox.sandbox.standin import state as standin_state
 from gpubox.stages import model as model_stage
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_box")]
 
 
 def gpubox(module: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from gpubox.stages import llamacpp_build
 from gpubox.stages import model as model_stage
 from gpubox.stages import tools as tools_stage
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_box")]
 
 LLAMA = "gpubox-llama-server"
 
@@ -41,6 +41,8 @@ def redeploy() -> demo.DeployRun:
 
 
 def test_the_box_converges():
+    # on the box test_doctor.py left converged (conftest.SHARED_BOX), or a fresh one when this
+    # module runs alone
     redeploy()
     demo.load_check_image()  # the GPU containers' image, imported (never from a registry)
     checks = demo.checks()
