@@ -43,6 +43,8 @@ FULL_STAGES = (
     "dcgm",
     "tools",
     "backend",
+    # after the server: the timer that restarts it when it hangs (docs/watchdog.md)
+    "watchdog",
     "verify",
 )
 STAGES_ENV = "GPUBOX_STAGES"

@@ -83,3 +83,13 @@ PERSISTENCED_WANTED = f"{SYSTEMD_DIR}/multi-user.target.d/gpubox-nvidia-persiste
 DCGM_DROPIN = dropin(DCGM)
 DCGM_EXPORTER_UNIT_FILE = unit_file(DCGM_EXPORTER)
 LLAMA_BENCH_PIDFILE = "/run/gpubox-llama-bench.pid"
+
+# --- the watchdog of the API server (gpubox.stages.watchdog): a timer runs a oneshot service
+# that probes the server, restarts it when it hangs, and keeps its count in the state file
+WATCHDOG = "gpubox-watchdog"  # the service and its timer (WATCHDOG_TIMER)
+WATCHDOG_TIMER = f"{WATCHDOG}.timer"
+WATCHDOG_UNIT_FILE = unit_file(WATCHDOG)
+WATCHDOG_TIMER_FILE = f"{SYSTEMD_DIR}/{WATCHDOG_TIMER}"
+WATCHDOG_SCRIPT = "/usr/local/lib/gpubox/gpubox-watchdog"
+WATCHDOG_CONFIG = "/etc/gpubox/watchdog.json"  # its settings (no secret: the key stays in its file)
+WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"

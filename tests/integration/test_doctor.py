@@ -1,8 +1,9 @@
 """gpubox doctor, gpubox bench and gpubox nvlink against the sandbox box after a deploy: a
 converged box is OK; bench's defaults and every slot full at once complete every request;
 llama-bench runs beside the served figures; each planted fault (a GPU missing, an NVLink link
-down, persistence off) is named with its fix; nvlink labels the stand-in's traffic. The tests
-run in order on one box."""
+down, persistence off) is named with its fix; nvlink labels the stand-in's traffic; the
+watchdog restarts a frozen llama-server and doctor shows it. The tests run in order on one
+box."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -292,6 +294,81 @@ def test_nvlink_labels_the_traffic():
         assert "all    49.5 GB/s  49.5 GB/s  99.0 GB/s" in last
     finally:
         plant(lambda s: [standin_state.set_gpu_nvlink_traffic(s, i, 0, 0) for i in (0, 1)])
+
+
+# The watchdog (docs/watchdog.md) with short times: a probe every 5 s, a restart after 3
+# failures, each answer waited for 2 s, a completion at every probe. The "converged" deploy of
+# the agreement tests below puts the defaults back.
+WATCHDOG_SHORT = {
+    "watchdog_interval_s": 5,
+    "watchdog_failures": 3,
+    "watchdog_grace_s": 10,
+    "watchdog_timeout_s": 2,
+    "watchdog_completion_every_s": 0,
+}
+
+
+def watchdog_state() -> dict:
+    text = box_sh(f"cat {layout.WATCHDOG_STATE} 2>/dev/null; true").strip()
+    return json.loads(text) if text else {}
+
+
+def wait_for(what: str, condition, limit: float, step: float = 1.0):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"{what}: not within {limit:.0f}s")
+
+
+def test_the_watchdog_restarts_a_frozen_llama_server():
+    began = time.monotonic()
+    extra = tuple(a for k, v in WATCHDOG_SHORT.items() for a in ("--data", f"{k}={v}"))
+    short = demo.deploy("deploy/watchdog.py", extra=extra)
+    assert short.rc == 0 and not short.failed_hosts, short.output[-3000:]
+    assert short.changed >= 1, short.changed_names  # the settings and the timer
+    unit = layout.LLAMA_SERVER
+    # the watchdog has seen the server healthy since its start: from now on it watches
+    wait_for("the watchdog's first healthy probe", lambda: watchdog_state().get("healthy"), 30)
+    before = watchdog_state().get("restarts", 0)
+    pid = int(box_sh(f"systemctl show -p MainPID --value {unit}").strip())
+    assert pid > 0
+    since = box_sh("date '+%Y-%m-%d %H:%M:%S'").strip()
+    box_sh(f"kill -STOP {pid}")
+    frozen = time.monotonic()
+    # three probes 5 s apart, each waiting 2 s for /health: about 25 s
+    limit = 3 * (5 + 2 * 2) + 15
+    try:
+        new_pid = wait_for(
+            "the watchdog's restart (a new MainPID)",
+            lambda: (
+                (p := int(box_sh(f"systemctl show -p MainPID --value {unit}").strip() or 0))
+                not in (0, pid)
+                and p
+            ),
+            limit,
+        )
+    finally:
+        box_sh(f"kill -CONT {pid} 2>/dev/null; true")  # only if it is still there
+    latency = time.monotonic() - frozen
+    journal = box_sh(f"journalctl -t {layout.WATCHDOG} --since '{since}' --no-pager -o cat")
+    print(f"\nwatchdog: restarted after {latency:.1f}s (pid {pid} -> {new_pid})\n{journal}")
+    assert f"restarting {unit} (watchdog restart {before + 1}): 3 consecutive failed probes" in (
+        journal
+    )
+    assert "/health no answer within 2s" in journal
+    assert f"{unit}: failed probe 1 of 3" in journal
+    health = "curl -s -o /dev/null -w '%{http_code}' --max-time 2 http://127.0.0.1:8080/health"
+    wait_for("/health after the restart", lambda: box_sh(f"{health}; true") == "200", 60)
+    _, report = doctor_json()
+    watchdog = report["watchdog"]
+    assert watchdog["restarts"] == before + 1 and watchdog["active"] == "active", watchdog
+    assert "3 consecutive failed probes" in watchdog["last_reason"]
+    text = gpubox("doctor", demo.INVENTORY).stdout
+    assert f"Watchdog  timer active/enabled, {before + 1} restart(s), last " in text, text
+    print(f"watchdog test: {time.monotonic() - began:.1f}s in all")
 
 
 # Agreement (issue 10): doctor and the host checks judge with the same checks, so for each fault

@@ -555,6 +555,13 @@ FAULTS: dict[str, Fault] = {
         ),
     ),
     "backend.tool-call-streamed": Fault("tool_call_streamed", tool_call_stream(done=False)),
+    "watchdog.timer": Fault(
+        "watchdog",
+        replace(
+            "ActiveState=active\nUnitFileState=enabled",
+            "ActiveState=inactive\nUnitFileState=disabled",
+        ),
+    ),
     "vllm.container": Fault(
         "vllm_inspect", edit_json(_set("0.Config.Image", "vllm/vllm-openai:latest")), "vllm"
     ),

@@ -60,6 +60,17 @@ def section(name: str, text: str) -> str:
     return f"{SECTION}{name}\n{text}"
 
 
+# The watchdog's fact on a converged box: its timer active, its record of runs without a restart.
+WATCHDOG_CONVERGED = section(
+    "timer",
+    "Id=gpubox-watchdog.timer\nLoadState=loaded\nActiveState=active\nUnitFileState=enabled\n",
+) + section(
+    "state",
+    '{"restarts": 0, "failures": 0, "healthy": true, "start_us": 91034412, '
+    '"last_run": "2026-02-27T10:00:00+00:00", "last_action": "ok"}\n',
+)
+
+
 def systemctl_show(states: dict[str, str]) -> str:
     """`systemctl show -p Id,LoadState,ActiveState,UnitFileState UNIT...` for gpubox's units:
     each unit's state ("missing": not installed; absent: inactive)."""
@@ -330,6 +341,7 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
         f"{build.short_commit})\nbuilt with GNU 12.2.0 for Linux x86_64\n"
         + section("bench present", ""),
         "model_state": f"marker={plan.stamp} {MODEL_STAT}\nfile={MODEL_STAT}\n",
+        "watchdog": WATCHDOG_CONVERGED,
         **api_outputs(config),
         **vllm_outputs(config),
     }

@@ -3,8 +3,8 @@
 
 - ``core``: Fact, Check, Verdict, the lazily read ``Facts`` of a host, ``judge``.
 - ``facts``: every command a check or doctor reads on a host, and its parser.
-- ``driver``, ``secure_boot``, ``cuda``, ``docker``, ``dcgm``, ``tools``, ``backend``: the
-  checks, by stage.
+- ``driver``, ``secure_boot``, ``cuda``, ``docker``, ``dcgm``, ``tools``, ``backend``,
+  ``watchdog``: the checks, by stage.
 
 A check's id is "area.what" (``driver.held``); ``ALL`` lists them in stage order."""
 
@@ -30,9 +30,19 @@ from gpubox.checks.docker import CHECKS as _DOCKER
 from gpubox.checks.driver import CHECKS as _DRIVER
 from gpubox.checks.secure_boot import CHECKS as _SECURE_BOOT
 from gpubox.checks.tools import CHECKS as _TOOLS
+from gpubox.checks.watchdog import CHECKS as _WATCHDOG
 from gpubox.config import HostConfig
 
-ALL: list[Check] = [*_DRIVER, *_SECURE_BOOT, *_CUDA, *_DOCKER, *_DCGM, *_TOOLS, *_BACKEND]
+ALL: list[Check] = [
+    *_DRIVER,
+    *_SECURE_BOOT,
+    *_CUDA,
+    *_DOCKER,
+    *_DCGM,
+    *_TOOLS,
+    *_BACKEND,
+    *_WATCHDOG,
+]
 BY_ID = {check.id: check for check in ALL}
 assert len(BY_ID) == len(ALL), "two checks share an id"
 assert all(name in FACTS for check in ALL for name in check.reads), "a check reads no fact"

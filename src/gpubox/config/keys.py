@@ -390,6 +390,56 @@ KEYS: tuple[Key, ...] = (
         "seconds to wait for the API to answer after a start",
         min=1,
     ),
+    # The watchdog (gpubox.stages.watchdog, docs/watchdog.md): with the defaults a server that
+    # stops answering is restarted within about 3 minutes, one whose completions hang while
+    # /health answers within about 5.
+    Key(
+        "watchdog",
+        bool,
+        True,
+        "a timer probes the API server and restarts it when it hangs (docs/watchdog.md)",
+    ),
+    Key(
+        "watchdog_interval_s",
+        int,
+        30,
+        "seconds between the watchdog's probes of /health",
+        min=1,
+        max=3600,
+    ),
+    Key(
+        "watchdog_failures",
+        int,
+        3,
+        "consecutive failed probes after which the watchdog restarts the server",
+        min=1,
+        max=100,
+    ),
+    Key(
+        "watchdog_grace_s",
+        int,
+        120,
+        "seconds after the server's start (and until it first answers healthy) in which no "
+        "failure counts",
+        min=0,
+        max=86400,
+    ),
+    Key(
+        "watchdog_timeout_s",
+        int,
+        15,
+        "seconds the watchdog waits for each answer (no answer in time is a failure)",
+        min=1,
+        max=600,
+    ),
+    Key(
+        "watchdog_completion_every_s",
+        int,
+        120,
+        "seconds between the watchdog's one-token completions (0: at every probe)",
+        min=0,
+        max=86400,
+    ),
     Key(
         "catalog_overrides",
         dict,

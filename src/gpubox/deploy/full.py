@@ -19,6 +19,7 @@ from gpubox.stages.driver import driver
 from gpubox.stages.model import model_download
 from gpubox.stages.tools import tools
 from gpubox.stages.vllm_image import vllm_image_pull
+from gpubox.stages.watchdog import watchdog
 from gpubox.verify import verify
 
 STAGES = {
@@ -33,6 +34,7 @@ STAGES = {
         dcgm,
         tools,
         backend,
+        watchdog,
         verify,
     )
 }

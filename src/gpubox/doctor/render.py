@@ -72,6 +72,21 @@ def format_bench(record: dict[str, Any] | None, model: str | None = None) -> str
     return text
 
 
+def format_watchdog(watchdog: dict[str, Any]) -> str:
+    """The watchdog's line: its timer, how often it restarted the server, the last time."""
+    state = f"timer {watchdog['active'] or 'unknown'}/{watchdog['enabled'] or 'not installed'}"
+    if watchdog.get("error"):
+        return f"{state}, {watchdog['error']}"
+    if watchdog["restarts"] is None:
+        return f"{state}, no run recorded yet"
+    text = f"{state}, {watchdog['restarts']} restart(s)"
+    if watchdog["last_restart"]:
+        text += f", last {watchdog['last_restart']}: {watchdog['last_reason']}"
+    if watchdog["failures"]:
+        text += f"; {watchdog['failures']} failed probe(s) now"
+    return text
+
+
 def render_text(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> str:
     """One screen for one host: its view, then every failed check with its fix."""
     findings = [v for v in verdicts if v.failed]
@@ -187,6 +202,10 @@ def render_text(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> str
             f"({backend['url']})"
         )
         w(f"          {format_bench(backend.get('last_bench'), backend['model'])}")
+
+    watchdog = view.get("watchdog")
+    if watchdog is not None and (watchdog["wanted"] or watchdog["active"] == "active"):
+        w(f"Watchdog  {format_watchdog(watchdog)}")
 
     burnin = view["burnin"]
     if not burnin["record"]:

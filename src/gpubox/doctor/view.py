@@ -345,6 +345,38 @@ def _describe_backend(
     return view
 
 
+def _describe_watchdog(facts: Mapping[str, Output], config: HostConfig) -> dict[str, Any]:
+    """The watchdog's timer and its record: how often it restarted the server, the last time
+    and why (gpubox.watchdog's state file)."""
+    from gpubox.checks.watchdog import parse_watchdog
+
+    view: dict[str, Any] = {
+        "wanted": config.backend != "none" and config.watchdog,
+        "active": None,
+        "enabled": None,
+        "restarts": None,
+        "last_restart": None,
+        "last_reason": None,
+        "failures": None,
+    }
+    out = facts.get("watchdog")
+    if out is None or out.rc != 0:
+        return view
+    read = parse_watchdog(out.stdout)
+    timer, state = read["timer"], read["state"] or {}
+    view["active"] = timer.get("ActiveState")
+    view["enabled"] = timer.get("UnitFileState") or None
+    if "error" in state:
+        view["error"] = state["error"]
+        return view
+    if read["state"] is not None:
+        view["restarts"] = _int(str(state.get("restarts", 0)))
+        view["failures"] = _int(str(state.get("failures", 0)))
+        view["last_restart"] = state.get("last_restart") or None
+        view["last_reason"] = state.get("last_reason") or None
+    return view
+
+
 def _describe_burnin(facts: Mapping[str, Output], now: datetime.datetime) -> dict[str, Any]:
     out = facts.get("burnin")
     if out is None or out.rc != 0:
@@ -426,5 +458,6 @@ def describe(
         "docker": _describe_docker(facts, services),
         "dcgm": _describe_dcgm(facts, services),
         "backend": _describe_backend(facts, config, services, last_bench),
+        "watchdog": _describe_watchdog(facts, config),
         "burnin": _describe_burnin(facts, now),
     }

@@ -1,0 +1,67 @@
+"""Checks of the API server's watchdog (deploy/watchdog.py): its timer runs; its record (the
+restart count doctor shows) is gpubox.watchdog's state file."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpubox import layout
+from gpubox.checks.core import Check, Fact, Problem, Reading, fact
+from gpubox.checks.facts import SECTION, parse_sections, parse_systemctl_show
+from gpubox.config import HostConfig
+
+
+def parse_watchdog(text: str) -> dict[str, Any]:
+    """The timer's properties (``timer``) and the state file (``state``: None when there is
+    none, {"error": ...} when it does not parse)."""
+    sections = parse_sections(text)
+    timer = parse_systemctl_show(sections.get("timer", "")).get(layout.WATCHDOG_TIMER, {})
+    raw = sections.get("state", "").strip()
+    state: dict[str, Any] | None = None
+    if raw:
+        try:
+            state = json.loads(raw)
+        except ValueError:
+            state = {"error": f"{layout.WATCHDOG_STATE} is not JSON"}
+    return {"timer": timer, "state": state}
+
+
+def _watchdog(config: HostConfig, target: Any) -> str:
+    return (
+        f"echo '{SECTION}timer'; systemctl show -p Id,LoadState,ActiveState,UnitFileState "
+        f"{layout.WATCHDOG_TIMER}; echo '{SECTION}state'; cat {layout.WATCHDOG_STATE} "
+        "2>/dev/null; true"
+    )
+
+
+fact(Fact("watchdog", _watchdog, parse_watchdog))
+
+
+def watched(c: HostConfig) -> str | None:
+    if c.backend == "none":
+        return "backend is none in the inventory"
+    return None if c.watchdog else "watchdog is false in the inventory"
+
+
+def timer_active(c: HostConfig, r: Reading) -> Problem | None:
+    timer = r.get("watchdog")["timer"]
+    active, state = timer.get("ActiveState", "unknown"), timer.get("UnitFileState", "unknown")
+    if active == "active" and state == "enabled":
+        return None
+    return Problem(
+        f"{layout.WATCHDOG_TIMER} is {active} and {state or 'not installed'}",
+        f"journalctl -u {layout.WATCHDOG} -n 20; {{deploy}}",
+    )
+
+
+CHECKS = [
+    Check(
+        "watchdog.timer",
+        "the watchdog's timer, which restarts a hung API server, is active and enabled",
+        "quick",
+        ("watchdog",),
+        timer_active,
+        applies=watched,
+    ),
+]

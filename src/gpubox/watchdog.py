@@ -1,0 +1,264 @@
+"""The watchdog of the API server, as it runs on the box: gpubox.stages.watchdog uploads this
+file whole (to layout.WATCHDOG_SCRIPT) and a systemd timer runs it every watchdog_interval_s as
+a oneshot service, as root. It imports nothing but Python's standard library.
+
+One run: read the server unit's state (``systemctl show``), probe the API (/health every run; a
+one-token completion every watchdog_completion_every_s, and at every run while failures are
+counted), read /metrics when the server answers at all, then ``decide`` (pure, unit-tested on
+recorded readings) what the run means, keep the state file and act:
+
+- a run whose probes pass resets the count of consecutive failures;
+- no failure counts while the unit is inactive (systemd's own Restart= is in charge), during
+  the grace after its start, or before it has answered healthy once since its start (a model
+  still loading: the watchdog restarts only a server that worked and stopped);
+- a failed run while the server is busy and its token counters advance (a long answer still
+  streaming, every slot taken) is not counted either;
+- after watchdog_failures consecutive failures, the unit is restarted once, the journal gets
+  one line naming the failures, and the state file's restart count goes up.
+
+A frozen process (SIGSTOP) answers nothing: every probe times out, and a timeout is a failure.
+The API key is read from its file here and sent in a header, never on a command line."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+# The counters that advance while a backend works, and the gauge that says it is busy.
+PROGRESS = {
+    "llamacpp": (
+        "llamacpp:n_decode_total",
+        "llamacpp:tokens_predicted_total",
+        "llamacpp:prompt_tokens_total",
+    ),
+    "vllm": ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
+}
+BUSY = {"llamacpp": "llamacpp:requests_processing", "vllm": "vllm:num_requests_running"}
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text: each sample's value, summed over its labels, by metric name."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        match = SAMPLE.match(line.strip())
+        if not match or line.startswith("#"):
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        found[match.group(1)] = found.get(match.group(1), 0.0) + value
+    return found
+
+
+def progress_of(backend: str, metrics: dict[str, float]) -> tuple[list[float] | None, bool]:
+    """The backend's work counters (None when /metrics carries none of them) and whether a
+    request is being processed now."""
+    counters = [metrics[name] for name in PROGRESS.get(backend, ()) if name in metrics]
+    busy = metrics.get(BUSY.get(backend, ""), 0.0) > 0
+    return (counters or None), busy
+
+
+def completion_due(state: dict[str, Any], settings: dict[str, Any], now: float) -> bool:
+    """A one-token completion at this run: every completion_every_s, and at every run while
+    failures are counted (so a hang that only completions show is confirmed quickly)."""
+    if state.get("failures", 0) > 0:
+        return True
+    last = state.get("last_completion")
+    # a clock behind the last completion: the box rebooted (CLOCK_MONOTONIC starts again)
+    return last is None or now < last or now - last >= settings["completion_every_s"]
+
+
+def failure_text(reading: dict[str, Any]) -> str:
+    """What failed in a reading, in words."""
+    parts = []
+    if reading.get("health") != 200:
+        parts.append(f"/health {reading.get('health_error') or reading.get('health')}")
+    if reading.get("completion") not in (None, 200):
+        parts.append(
+            "a one-token completion "
+            + str(reading.get("completion_error") or reading.get("completion"))
+        )
+    return "; ".join(parts)
+
+
+def decide(
+    state: dict[str, Any],
+    reading: dict[str, Any],
+    settings: dict[str, Any],
+    now: float,
+    wall: str = "",
+) -> tuple[dict[str, Any], str, str]:
+    """The run's verdict: (the new state, the action, the journal's line or "").
+
+    ``reading``: active (the unit is active), start_us (its ActiveEnterTimestampMonotonic),
+    health (/health's status, 0 for no answer) and health_error, completion (None when not
+    sent, 0 for no answer) and completion_error, progress (the work counters or None), busy.
+    ``now``: CLOCK_MONOTONIC seconds (the clock of start_us); ``wall``: the time, for the
+    record. The action is one of inactive, ok, warmup, busy, failure, restart."""
+    unit, limit = settings["unit"], settings["failures"]
+    new = dict(state)
+    new.setdefault("restarts", 0)
+    new.setdefault("failures", 0)
+    if reading.get("completion") is not None:
+        new["last_completion"] = now
+    if not reading.get("active"):
+        new.update(failures=0, reasons=[], progress=None)
+        return new, "inactive", ""
+    if new.get("start_us") != reading.get("start_us"):
+        # a new start of the unit (by anyone): its warm-up begins, nothing is counted yet
+        new.update(start_us=reading.get("start_us"), healthy=False, failures=0, reasons=[])
+        new["progress"] = None
+    previous, new["progress"] = new.get("progress"), reading.get("progress")
+    if reading.get("health") == 200 and reading.get("completion") in (None, 200):
+        first = not new.get("healthy")
+        counted = new["failures"]
+        new.update(healthy=True, failures=0, reasons=[])
+        if first:
+            return new, "ok", f"{unit} answers healthy since its start"
+        if counted:
+            return new, "ok", f"{unit} answers again after {counted} failed probe(s)"
+        return new, "ok", ""
+    why = failure_text(reading)
+    age = now - (reading.get("start_us") or 0) / 1e6
+    if not new.get("healthy") or age < settings["grace_s"]:
+        return new, "warmup", ""
+    if reading.get("busy") and previous is not None and new["progress"] not in (None, previous):
+        return new, "busy", f"{unit} is busy and its token counters advance; not counted: {why}"
+    new["failures"] += 1
+    new["reasons"] = [*new.get("reasons", []), why]
+    if new["failures"] < limit:
+        return new, "failure", f"{unit}: failed probe {new['failures']} of {limit}: {why}"
+    reasons = new["reasons"]
+    new.update(
+        failures=0,
+        reasons=[],
+        restarts=new["restarts"] + 1,
+        last_restart=wall,
+        last_reason=f"{limit} consecutive failed probes ({reasons[-1]})",
+        healthy=False,
+    )
+    line = (
+        f"restarting {unit} (watchdog restart {new['restarts']}): {limit} consecutive failed "
+        f"probes every {settings['interval_s']}s: " + " | ".join(reasons)
+    )
+    return new, "restart", line
+
+
+# --- on the box
+
+
+def _request(
+    url: str, key: str, timeout: float, body: dict[str, Any] | None = None
+) -> tuple[int, str, str]:
+    """(status, body, error): status 0 and the error in words when nothing answered in time."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    if data:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as answer:
+            return answer.status, answer.read().decode("utf-8", "replace"), ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, "", f"answered {exc.code}"
+    except TimeoutError:
+        return 0, "", f"no answer within {timeout:g}s"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            return 0, "", f"no answer within {timeout:g}s"
+        return 0, "", f"no answer ({reason})"
+
+
+def unit_state(unit: str) -> dict[str, Any]:
+    out = subprocess.run(
+        ["systemctl", "show", "-p", "ActiveState,ActiveEnterTimestampMonotonic,MainPID", unit],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    start = props.get("ActiveEnterTimestampMonotonic", "0")
+    return {
+        "active": props.get("ActiveState") == "active",
+        "start_us": int(start) if start.isdigit() else 0,
+        "pid": props.get("MainPID", ""),
+    }
+
+
+def read(settings: dict[str, Any], state: dict[str, Any], now: float) -> dict[str, Any]:
+    reading = unit_state(settings["unit"])
+    if not reading["active"]:
+        return reading
+    try:
+        with open(settings["key_file"], encoding="utf-8") as f:
+            key = f.readline().strip()
+    except OSError:
+        key = ""
+    base, timeout = settings["url"].rstrip("/"), settings["timeout_s"]
+    status, _, error = _request(f"{base}/health", key, timeout)
+    reading.update(health=status, health_error=error, completion=None, progress=None, busy=False)
+    if status == 200 and completion_due(state, settings, now):
+        body = {"model": settings["model"], "prompt": "1", "max_tokens": 1, "temperature": 0}
+        code, _, error = _request(f"{base}/v1/completions", key, timeout, body)
+        reading.update(completion=code, completion_error=error)
+    if status != 0:  # it answers at all: is it working (a long answer streaming)?
+        code, text, _ = _request(f"{base}/metrics", key, timeout)
+        if code == 200:
+            progress, busy = progress_of(settings["backend"], parse_metrics(text))
+            reading.update(progress=progress, busy=busy)
+    return reading
+
+
+def log(line: str, level: int = 6) -> None:
+    """A line in the journal (the unit's SyslogIdentifier; systemd reads the <level> prefix)."""
+    print(f"<{level}>{line}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[1] if len(argv) > 1 else "/etc/gpubox/watchdog.json", encoding="utf-8") as f:
+        settings = json.load(f)
+    path = settings["state_file"]
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        state = {}
+    now = time.monotonic()
+    reading = read(settings, state, now)
+    # datetime.UTC is Python 3.11's: the box's python3 may be older
+    wall = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")  # noqa: UP017
+    new, action, line = decide(state, reading, settings, now, wall)
+    if action == "restart":
+        log(line, 3)
+        done = subprocess.run(
+            ["systemctl", "restart", "--no-block", settings["unit"]],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            log(f"systemctl restart {settings['unit']} failed: {done.stderr.strip()}", 3)
+    elif line:
+        log(line, 4 if action in ("failure", "busy") else 5)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({**new, "last_run": wall, "last_action": action}, f)
+    os.replace(tmp, path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
