@@ -224,11 +224,13 @@ def test_the_checks_run_only_when_vllm_will_be_started():
 class Box:
     """A host whose commands answer from recorded outputs (stdout, or a failure's stderr)."""
 
-    def __init__(self, answers: dict[str, tuple[bool, str]]):
-        self.answers, self.sent = answers, []
+    def __init__(self, answers: dict[str, tuple[bool, str]], data: dict[str, object] | None = None):
+        self.answers, self.sent, self.data = answers, [], data or {}
+        self.sudo: list[bool] = []
 
-    def run_shell_command(self, command: str):
+    def run_shell_command(self, command: str, _sudo: bool = False):
         self.sent.append(command)
+        self.sudo.append(_sudo)
         for needle, (ok, text) in self.answers.items():
             if needle in command:
                 stream = "stdout" if ok else "stderr"
@@ -278,6 +280,14 @@ def test_the_checkpoint_check_reads_config_json_on_the_box():
     box = Box({f"{DIRECTORY}/config.json": (True, json.dumps(config, indent=2))})
     vllm_stage._checkpoint_config(None, box, DIRECTORY, "gptq", V100)
     assert box.sent == [f"cat -- {DIRECTORY}/{name}" for name in vllm_stage.CHECKPOINT_CONFIGS]
+    assert box.sudo == [False, False]
+    # a deploy through a sudoer (host data _sudo) reads root's files and runs docker with sudo
+    box = Box({f"{DIRECTORY}/config.json": (True, json.dumps(config))}, {"_sudo": True})
+    vllm_stage._checkpoint_config(None, box, DIRECTORY, "gptq", V100)
+    assert box.sudo == [True, True]
+    box = Box({"python3": (True, WITH_VOLTA)}, {"_sudo": True})
+    vllm_stage._image_archs(None, box, IMAGE, V100)
+    assert box.sudo == [True]
     config["quantization_config"] = {**quant, "sym": False}
     box = Box({f"{DIRECTORY}/config.json": (True, json.dumps(config, indent=2))})
     with pytest.raises(OperationError) as refused:

@@ -214,8 +214,14 @@ def torch_arch_command(image: str) -> str:
     )
 
 
+def _as_deploy(host) -> dict[str, bool]:
+    """A function command's own commands run as the deploy's do: with sudo when it uses it
+    (docker and the models' directory need root)."""
+    return {"_sudo": True} if host.data.get("_sudo") else {}
+
+
 def _image_archs(state, host, image: str, gpu_model: str) -> None:
-    ok, out = host.run_shell_command(torch_arch_command(image))
+    ok, out = host.run_shell_command(torch_arch_command(image), **_as_deploy(host))
     lines = [line for line in out.stdout_lines if line.strip()] if ok else []
     if not lines:
         raise OperationError(
@@ -236,7 +242,8 @@ def image_archs(image: str, gpu_model: str):
 def _checkpoint_config(state, host, directory: str, flag: str | None, gpu_model: str) -> None:
     files: dict[str, str | None] = {}
     for name in CHECKPOINT_CONFIGS:
-        ok, out = host.run_shell_command(f"cat -- {shlex.quote(directory + '/' + name)}")
+        command = f"cat -- {shlex.quote(directory + '/' + name)}"
+        ok, out = host.run_shell_command(command, **_as_deploy(host))
         files[name] = out.stdout if ok else None
     cc = compat.GPU_MODELS[gpu_model].compute_capability
     problems = vllm_rules.checkpoint_problems(files, directory, flag, cc)
