@@ -7,15 +7,18 @@
   0.20 moved to CUDA 13 and a torch without Volta. An image whose tag is not a version (a
   digest, "latest") is refused unless ``vllm.version`` names its release, and that release is
   then reported as unverified.
-* **CUDA forward compatibility.** v0.19.1's default image is built on CUDA 12.9, while driver
-  branch 570 supports CUDA 12.8. Such an image runs only through CUDA forward compatibility:
-  the image carries NVIDIA's cuda-compat user-mode driver (vLLM's Dockerfile registers
-  /usr/local/cuda-<version>/compat/ with ldconfig), and NVIDIA supports forward compatibility
-  on data-center GPUs only (Tesla, A, H, L series...), never on GeForce/RTX cards, and within
-  one CUDA major version. There is no -cu128 image of 0.19.x; the -cu130 ones need driver
-  580. So when the image's CUDA is newer than the driver branch's, the GPU must be a
-  data-center one and the majors must match; the deploy then checks the compat libraries are
-  in the image (gpubox.stages.vllm).
+* **CUDA forward compatibility.** v0.19.1's default image is built on CUDA 12.9, driver 570
+  supports 12.8: the image runs through its cuda-compat user-mode driver (vLLM's Dockerfile
+  registers /usr/local/cuda-<version>/compat/ with ldconfig), which NVIDIA supports on
+  data-center GPUs only, never on GeForce/RTX cards, and within one CUDA major version (no
+  -cu128 image of 0.19.x; the -cu130 ones need driver 580). The deploy checks the compat
+  libraries are in the image (gpubox.stages.vllm).
+* **Torch's architectures.** The catalog records what the pinned image's torch is compiled
+  for (``vllm.torch``): refused when it cannot run on the GPUs; any other image is unverified
+  (the stage reads the image's own list on the box: gpubox.torch_archs).
+* **The checkpoint's quantisation.** Below 7.5 (no Marlin) vLLM serves a quantised MoE only
+  GPTQ-packed: exllama's gptq_gemm and the Triton MoeWNA16 experts. The stage reads the
+  downloaded config.json and refuses what that path cannot serve (``checkpoint_problems``).
 * **GPU memory.** Per GPU, the weights / tensor parallel, the KV cache of every slot at full
   context / tensor parallel, and a fixed headroom must fit in vllm_gpu_memory_utilization x
   the GPU's memory (see ``fit``).
@@ -23,13 +26,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox import compat
+from gpubox import compat, torch_archs
+from gpubox.torch_archs import cc_text
 
 # --- What the image is -------------------------------------------------------------------
 
@@ -185,6 +190,68 @@ def fit(
     )
 
 
+# --- The checkpoint's quantisation config (read on the box) --------------------------------
+
+MARLIN_MIN_CC = (7, 5)  # vLLM's Marlin kernels (gptq_marlin, awq_marlin) need Turing or later
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def checkpoint_problems(
+    files: dict[str, str | None], directory: str, flag: str | None, cc: tuple[int, int]
+) -> list[str]:
+    """Why vLLM cannot serve the checkpoint in ``directory`` with --quantization ``flag`` on
+    compute capability ``cc``, from the text of its config.json and quantize_config.json
+    (older GPTQ checkpoints keep it there), as ``files`` maps them (None: no such file)."""
+    if files.get("config.json") is None:
+        return [f"{directory}/config.json is missing: the checkpoint is incomplete"]
+    try:
+        config = json.loads(files["config.json"] or "")
+        quant, source = config.get("quantization_config"), f"{directory}/config.json"
+        if not isinstance(quant, dict) and files.get("quantize_config.json"):
+            source = f"{directory}/quantize_config.json"
+            quant = json.loads(files["quantize_config.json"] or "")
+    except (ValueError, AttributeError) as e:
+        return [f"{directory}/config.json or quantize_config.json is no JSON object: {e}"]
+    if not flag or cc >= MARLIN_MIN_CC:
+        return []  # Marlin serves asymmetric and act-order checkpoints alike
+    if not isinstance(quant, dict):
+        return [
+            f"{directory}/config.json has no quantization_config: the checkpoint is not "
+            f"quantised, but the unit would run --quantization {flag}"
+        ]
+    field = "quantization_config." if source.endswith("/config.json") else ""
+    where = f"on compute capability {cc_text(cc)} (no Marlin)"
+    method = str(quant.get("quant_method", "")).lower()
+    packing = str(quant.get("packing_format") or quant.get("backend") or "").lower()
+    if method not in ("gptq", "auto-round", "intel/auto-round") or "awq" in packing:
+        return [
+            f"{source}: {field}quant_method is {quant.get('quant_method')!r} {packing}: "
+            f"{where} vLLM serves only GPTQ-packed checkpoints (gptq, or auto-round with GPTQ "
+            "packing); AWQ needs compute capability 7.5"
+        ]
+    problems = []
+    if quant.get("bits") not in (4, 8):
+        problems.append(
+            f"{source}: {field}bits is {quant.get('bits')!r}: {where} vLLM's GPTQ "
+            "path serves 4-bit and 8-bit weights only"
+        )
+    if not any(isinstance(config.get(k), int) and config[k] > 0 for k in _EXPERT_KEYS):
+        return problems  # no experts: exllama's gptq_gemm takes what follows
+    if quant.get("sym") is not True:
+        problems.append(
+            f"{source}: {field}sym is {json.dumps(quant.get('sym'))}: {where} vLLM runs the "
+            "experts with its MoeWNA16 kernel, which assumes symmetric weights there (sym: "
+            "true); serve a symmetric checkpoint"
+        )
+    if quant.get("desc_act") is True:
+        problems.append(
+            f"{source}: {field}desc_act is true: {where} vLLM's MoeWNA16 expert kernel cannot "
+            "reorder by activation (vLLM counts GPTQ with desc_act as incompatible with it and "
+            "drops the experts' g_idx); serve a checkpoint quantised with desc_act false"
+        )
+    return problems
+
+
 # --- The rules ----------------------------------------------------------------------------
 
 
@@ -222,6 +289,15 @@ def check(
         return version, found
     if image_rules and valid("driver_branch"):
         found += _cuda_findings(image, gpu, values["driver_branch"])
+    if (
+        image_rules
+        and image.verified
+        and not (
+            gpu.compute_capability < (7, 5)
+            and version_tuple(version or "0")[:2] > compat.VLLM_LAST_FOR_VOLTA
+        )
+    ):  # (an unversioned tag is unverified already; compat.check_backend refuses >= 0.20)
+        found += _torch_findings(image, host_catalog["vllm"].get("torch") or {}, gpu)
     flag = quantization_flag(model)
     if (
         flag
@@ -243,6 +319,27 @@ def check(
     ):
         found += _memory_findings(values, model, gpu)
     return version, found
+
+
+def _torch_findings(image: Image, record: dict[str, Any], gpu: compat.GpuModel) -> list[Finding]:
+    """The catalog's record of the torch in the image (vllm.torch) against the GPUs."""
+    cc, archs = gpu.compute_capability, tuple(str(record.get("archs") or "").split())
+    build = torch_archs.TorchBuild(str(record.get("version")), str(record.get("cuda")), archs)
+    if record.get("image") != image.ref or not archs:
+        why = (
+            f"the torch in {image.ref} is unverified: the catalog records the torch of "
+            f"{record.get('image') or 'no image'} only; before vLLM starts, the deploy reads "
+            f"what the image's torch is compiled for and stops if {cc_text(cc)} is not there"
+        )
+        return [Finding("catalog_overrides", why, "warning")]
+    if build.runs_on(cc):
+        return []
+    why = (
+        f"{image.ref} carries {build.text()}: none of these runs on compute capability "
+        f"{cc_text(cc)} ({gpu.name}); use an image whose torch carries sm_{cc[0]}{cc[1]} "
+        "(vllm/vllm-openai:v0.19.1 for Volta)"
+    )
+    return [Finding("catalog_overrides", why)]
 
 
 def _version_findings(image: Image, vllm_catalog: dict[str, Any]) -> list[Finding]:

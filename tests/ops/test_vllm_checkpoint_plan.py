@@ -21,8 +21,8 @@ from gpubox.stages import model as model_stage
 from gpubox.stages import vllm as vllm_stage
 
 VLLM = {**REFERENCE, "backend": "vllm"}
-REPO = "INC4AI/Qwen3-Next-80B-A3B-Thinking-int4-AutoRound"
-DIRECTORY = "/srv/models/INC4AI--Qwen3-Next-80B-A3B-Thinking-int4-AutoRound"
+REPO = "jart25/Qwen3-Next-80B-A3B-Thinking-Int4-GPTQ"
+DIRECTORY = "/srv/models/jart25--Qwen3-Next-80B-A3B-Thinking-Int4-GPTQ"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SHARDS = {
     "config.json": 2_345,
@@ -203,7 +203,7 @@ def test_vllm_serves_the_local_directory_with_the_hub_off():
     argv = vllm_stage.docker_argv(config)
     image = config.catalog["vllm"]["image"]
     args = argv[argv.index(image) + 1 :]
-    assert args[0] == "/models/INC4AI--Qwen3-Next-80B-A3B-Thinking-int4-AutoRound"
+    assert args[0] == "/models/jart25--Qwen3-Next-80B-A3B-Thinking-Int4-GPTQ"
     assert args[args.index("--served-model-name") + 1] == "qwen3-next"
     assert "HF_HUB_OFFLINE=1" in argv[: argv.index(image)]
     assert "/srv/models:/models" in argv  # the container's /models is model_dir
@@ -260,5 +260,5 @@ def test_the_disk_check_counts_the_listed_size_less_what_is_there(plan_of):
 
 def test_without_the_listing_the_disk_check_uses_the_catalogs_weights(plan_of):
     answers = fresh_box("ubuntu2404", **{STATE: state(marker=False), FREE: str(40 * 2**30)})
-    with pytest.raises(DeployRefused, match=rf"has 40\.0 GiB free; {REPO} needs 42\.0 GiB"):
+    with pytest.raises(DeployRefused, match=rf"has 40\.0 GiB free; {REPO} needs 45\.0 GiB"):
         plan_of(model_stage.model, VLLM, answers)

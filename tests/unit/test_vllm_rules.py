@@ -53,9 +53,9 @@ def test_the_default_4_bit_checkpoint_fits_2x_v100_32gb():
         32768,
         eager=False,
     )
-    # 42 GiB / 2 + 131072 tokens x 2 slots x 24 KiB / 2 + 3 GiB of headroom
-    assert (f.weights, f.kv_cache, f.headroom) == (21.0, 3.0, 3.0)
-    assert f.need == 27.0 and f.budget == pytest.approx(0.92 * 32)
+    # 45 GiB / 2 + 131072 tokens x 2 slots x 24 KiB / 2 + 3 GiB of headroom
+    assert (f.weights, f.kv_cache, f.headroom) == (22.5, 3.0, 3.0)
+    assert f.need == 28.5 and f.budget == pytest.approx(0.92 * 32)
 
 
 def test_the_bf16_original_is_refused_naming_gpu_count_with_the_numbers():
@@ -71,23 +71,23 @@ def test_a_too_long_context_is_refused_naming_model_ctx_and_what_fits():
     message = errors["model_ctx"]
     assert "6.0 GiB of KV cache" in message and "262144 tokens x 2 slots" in message
     assert "0.92 x 32.0 GiB = 29.4 GiB" in message
-    assert "lower model_ctx to 237568 or less at model_parallel 2" in message
+    assert "lower model_ctx to 172032 or less at model_parallel 2" in message
     # the number it proposes is accepted, one step more is not
-    assert check(model_ctx=237568)[0] == {}
-    assert "model_ctx" in check(model_ctx=237568 + 1024)[0]
+    assert check(model_ctx=172032)[0] == {}
+    assert "model_ctx" in check(model_ctx=172032 + 1024)[0]
     # more slots at the same context: the KV cache of every slot counts
-    assert check(model_parallel=3)[0] == {}  # 21 + 4.5 + 3 = 28.5 GiB
-    assert "131072 tokens x 4 slots" in check(model_parallel=4)[0]["model_ctx"]
+    assert check(model_parallel=2)[0] == {}  # 22.5 + 3 + 3 = 28.5 GiB
+    assert "131072 tokens x 3 slots" in check(model_parallel=3)[0]["model_ctx"]  # 30 GiB
 
 
 def test_too_little_of_the_gpu_for_vllm_names_the_utilization():
     errors, _ = check(vllm_gpu_memory_utilization=0.6)
-    assert "gives 19.2 GiB: raise it to at least 0.85" in errors["vllm_gpu_memory_utilization"]
+    assert "gives 19.2 GiB: raise it to at least 0.90" in errors["vllm_gpu_memory_utilization"]
 
 
 def test_tensor_parallel_on_one_gpu_does_not_fit():
     errors, _ = check(vllm_tensor_parallel=1)
-    assert "42.0 GiB of weights" in errors["gpu_count"]
+    assert "45.0 GiB of weights" in errors["gpu_count"]
 
 
 def test_eager_mode_needs_no_cuda_graph_memory():
@@ -244,3 +244,45 @@ def test_the_quantization_flag_is_judged_against_the_gpu():
     assert vllm_rules.quantization_flag({"vllm_quantization": "none"}) is None
     assert vllm_rules.quantization_flag({"vllm_quantization": ""}) is None
     assert vllm_rules.quantization_flag({"vllm_quantization": "gptq"}) == "gptq"
+
+
+# --- The torch in the image (the catalog's record, vllm.torch) -------------------------------
+
+TORCH = "vllm.torch."
+
+
+def test_the_pinned_images_record_carries_sm_70_and_raises_nothing():
+    assert check() == ({}, {})
+
+
+def test_an_image_recorded_without_sm_70_is_refused_naming_image_torch_and_archs():
+    no_volta = "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 compute_120"
+    errors, _ = check(**overrides(**{TORCH + "archs": no_volta, TORCH + "version": "2.11.0"}))
+    message = errors["catalog_overrides"]
+    assert message.startswith("vllm/vllm-openai:v0.19.1 carries torch 2.11.0 (CUDA 12.9) built ")
+    assert f"built for {no_volta}: none of these runs on compute capability 7.0" in message
+    assert "(Tesla V100-SXM2-32GB)" in message and "carries sm_70" in message
+    # PTX old enough is compiled by the driver: accepted
+    assert check(**overrides(**{TORCH + "archs": "sm_80 compute_70"}))[0] == {}
+    # the same record on an A100 is not refused
+    a100 = {"gpu_model": "NVIDIA A100-SXM4-80GB", "gpu_count": 1, "driver_branch": "580"}
+    errors, _ = check(**a100, **overrides(**{TORCH + "archs": no_volta}))
+    assert "catalog_overrides" not in errors
+
+
+def test_an_image_without_a_record_is_unverified_not_refused():
+    errors, warnings = check(**overrides(**{"vllm.image": "vllm/vllm-openai:v0.18.0"}))
+    assert errors == {}
+    message = warnings["catalog_overrides"]
+    assert message.startswith("the torch in vllm/vllm-openai:v0.18.0 is unverified")
+    assert "records the torch of vllm/vllm-openai:v0.19.1 only" in message
+    assert "stops if 7.0 is not there" in message
+    # a record with no architectures is no record
+    _, warnings = check(**overrides(**{TORCH + "archs": ""}))
+    assert "is unverified" in warnings["catalog_overrides"]
+
+
+def test_a_release_known_to_lack_sm_70_is_refused_by_its_version_alone():
+    errors, warnings = check(**overrides(**{"vllm.image": "vllm/vllm-openai:v0.20.0"}))
+    assert "ships no kernels for compute capability 7.0" in errors["catalog_overrides"]
+    assert "catalog_overrides" not in warnings  # no "unverified" on top of the refusal

@@ -111,11 +111,15 @@ class ManagedFiles:
         self.mode = mode
         self.current = host.get_fact(FileDigests, paths=tuple(sorted(files)))
 
+    def differs(self, dest: str) -> bool:
+        """Whether the box's file differs (content or mode): `put` will upload it."""
+        content = self.files[dest]
+        want = (self.mode.lstrip("0") or "0", hashlib.sha256(content.encode()).hexdigest())
+        return self.current.get(dest) != want
+
     def put(self, name: str, dest: str) -> Any:
         from pyinfra.operations import files
 
-        content = self.files[dest]
-        want = (self.mode.lstrip("0") or "0", hashlib.sha256(content.encode()).hexdigest())
-        if self.current.get(dest) == want:
+        if not self.differs(dest):
             return _Unchanged()
-        return files.put(name=name, src=as_file(content), dest=dest, mode=self.mode)
+        return files.put(name=name, src=as_file(self.files[dest]), dest=dest, mode=self.mode)

@@ -9,7 +9,11 @@ On Volta (see gpubox.vllm_rules and the catalog's comments):
   kernel and the Triton MoeWNA16 kernels for the experts (AWQ needs 7.5);
 * --dtype half (no bf16) and the TRITON_ATTN attention backend (no FlashAttention on sm_70);
 * the default image (CUDA 12.9) runs on driver 570 (CUDA 12.8) through CUDA forward
-  compatibility: the deploy checks the image carries the compat libraries.
+  compatibility: the deploy checks the image carries the compat libraries;
+* before vLLM (re)starts, the deploy reads what the pulled image's torch is compiled for
+  (gpubox.torch_archs, no GPU needed) and the downloaded checkpoint's quantization_config
+  (gpubox.vllm_rules.checkpoint_problems), and stops, changing nothing more, when either
+  cannot run on the GPUs.
 
 Triton compiles and autotunes Qwen3-Next's kernels (gated DeltaNet, attention, MoE) lazily: the
 project's first user waited 240 s for a first answer. 0.19.1 warms the DeltaNet kernels up at
@@ -39,7 +43,7 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.operations import server
 
-from gpubox import layout, vllm_rules
+from gpubox import compat, layout, torch_archs, vllm_rules
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.stages import ManagedFiles, checkpoint, render, serving, units, vllm_image
@@ -196,6 +200,86 @@ def compat_check_command(image: str, cuda: str, driver_cuda: str) -> str:
     )
 
 
+# --- Before vLLM starts: the image's torch, the checkpoint's quantisation ------------------
+
+CHECKPOINT_CONFIGS = ("config.json", "quantize_config.json")
+
+
+def torch_arch_command(image: str) -> str:
+    """torch_archs.TORCH_ARCH_COMMAND in the image without a GPU: plain runc (no NVIDIA hook),
+    no network, its entrypoint replaced by python3. It prints one line."""
+    return (
+        "docker run --rm --pull never --runtime runc --network none --entrypoint python3 "
+        f"{shlex.quote(image)} -c {shlex.quote(torch_archs.TORCH_ARCH_COMMAND)}"
+    )
+
+
+def _as_deploy(host) -> dict[str, bool]:
+    """A function command's own commands run as the deploy's do: with sudo when it uses it
+    (docker and the models' directory need root)."""
+    return {"_sudo": True} if host.data.get("_sudo") else {}
+
+
+def _image_archs(state, host, image: str, gpu_model: str) -> None:
+    ok, out = host.run_shell_command(torch_arch_command(image), **_as_deploy(host))
+    lines = [line for line in out.stdout_lines if line.strip()] if ok else []
+    if not lines:
+        raise OperationError(
+            f"vLLM is not started: cannot read what the torch in {image} is compiled for: "
+            + " ".join(out.stderr_lines[-3:] or ["no output"])
+        )
+    problem = torch_archs.image_arch_problem(image, lines[-1], compat.GPU_MODELS[gpu_model])
+    if problem:
+        raise OperationError(f"vLLM is not started: {problem}")
+
+
+@operation(is_idempotent=False)
+def image_archs(image: str, gpu_model: str):
+    """Stop the deploy when the torch in the pulled image cannot run on the GPUs."""
+    yield FunctionCommand(_image_archs, (image, gpu_model), {})
+
+
+def _checkpoint_config(state, host, directory: str, flag: str | None, gpu_model: str) -> None:
+    files: dict[str, str | None] = {}
+    for name in CHECKPOINT_CONFIGS:
+        command = f"cat -- {shlex.quote(directory + '/' + name)}"
+        ok, out = host.run_shell_command(command, **_as_deploy(host))
+        files[name] = out.stdout if ok else None
+    cc = compat.GPU_MODELS[gpu_model].compute_capability
+    problems = vllm_rules.checkpoint_problems(files, directory, flag, cc)
+    if problems:
+        raise OperationError("vLLM is not started: " + "; ".join(problems))
+
+
+@operation(is_idempotent=False)
+def checkpoint_config(directory: str, flag: str | None, gpu_model: str):
+    """Stop the deploy when vLLM's kernels for the GPUs cannot serve the checkpoint's
+    quantisation (its config.json, read on the box once downloaded)."""
+    yield FunctionCommand(_checkpoint_config, (directory, flag, gpu_model), {})
+
+
+def before_start(config: HostConfig, due) -> None:
+    """The two checks, ``_if`` vLLM is going to be (re)started (``due``)."""
+    gpu = compat.GPU_MODELS.get(config.gpu_model)
+    if gpu is None:
+        return  # gpubox check warns of an unknown GPU; nothing to judge against
+    image, cc = config.catalog["vllm"]["image"], torch_archs.cc_text(gpu.compute_capability)
+    image_archs(
+        name=f"The torch in {image} runs on compute capability {cc}",
+        image=image,
+        gpu_model=gpu.name,
+        _if=due,
+    )
+    flag = vllm_rules.quantization_flag(config.catalog["models"][config.model])
+    checkpoint_config(
+        name=f"The checkpoint's quantization_config suits vLLM on {gpu.name}",
+        directory=checkpoint.plan(config).directory,
+        flag=flag,
+        gpu_model=gpu.name,
+        _if=due,
+    )
+
+
 # --- Warm-up ------------------------------------------------------------------------------
 
 
@@ -312,6 +396,12 @@ def vllm(config: HostConfig, model_change) -> None:
         # Once: the unit never pulls. Several GB, pulled in the background by
         # gpubox-vllm-pull (gpubox.stages.vllm_image): a progress line every 10 s.
         vllm_image.wait_for_pull(config)
+    # Before anything of vLLM's own changes: its image and checkpoint can run on the GPUs.
+    path = layout.unit_file(layout.VLLM)
+    managed = ManagedFiles({path: unit_text(config)})
+    running = serving.is_running(layout.VLLM)
+    due = units.changed(model_change, stopped=not (present and running) or managed.differs(path))
+    before_start(config, due)
     # The caches' host directories, every deploy (docker would create a missing one itself,
     # but gpubox does not leave that to it).
     missing = host.get_fact(CommandOutput, command=missing_dirs_command(cache_dirs())).split()
@@ -321,9 +411,7 @@ def vllm(config: HostConfig, model_change) -> None:
             commands=["mkdir -p " + " ".join(q(d) for d in missing)],
         )
     key = serving.api_key(config)
-    path = layout.unit_file(layout.VLLM)
-    unit = ManagedFiles({path: unit_text(config)}).put("vLLM unit", path)
-    running = serving.is_running(layout.VLLM)
+    unit = managed.put("vLLM unit", path)
     restart = units.changed(unit, model_change, key, stopped=not running)
 
     cuda = vllm_rules.image_info(config.catalog["vllm"]).cuda
