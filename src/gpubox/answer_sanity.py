@@ -34,25 +34,20 @@ from gpubox.openai_shape import Answer
 
 MAX_TOKENS = 64
 SHORT = "In one sentence, why is the sky blue?"
-# A few hundred tokens of plain prose (about 240 words), then the question.
+# A few hundred tokens of plain prose (about 170 words), then the question.
 LONG = (
     "Read the following notes about a small computing cluster, then answer the question at "
     "the end.\n\n"
     "The cluster sits in a narrow room at the back of a university building. It has four "
-    "machines. Each machine has two graphics cards joined by a fast link, a large power "
-    "supply, and fans that are loud enough to make conversation difficult. The machines were "
-    "bought second hand, after a company replaced them with newer models, and they arrived "
-    "with their original operating systems wiped.\n\n"
-    "A student wrote the first installation scripts by hand. They worked on the first "
-    "machine, failed on the second because a package had moved, and broke the third during an "
-    "update that replaced the graphics driver. After that the group decided to describe each "
-    "machine in a single file and let a tool bring every machine to the same state, checking "
-    "each step before it changed anything.\n\n"
-    "The tool now installs the driver, holds its version, installs the container runtime and "
-    "a monitoring service, downloads a language model and starts a server that answers "
-    "questions over a local network. Before it ends, it sends the server a few requests and "
-    "reads the answers, because a server can be running and still answer nonsense. When a "
-    "check fails, the tool prints the command that repairs it.\n\n"
+    "machines, each with two graphics cards joined by a fast link and fans loud enough to make "
+    "conversation difficult. They were bought second hand, with their disks wiped.\n\n"
+    "The first installation scripts, written by hand, broke a machine during an update that "
+    "replaced its graphics driver. So the group now describes each machine in a single file and "
+    "lets a tool bring every machine to the same state, checking each step first.\n\n"
+    "The tool installs the driver and holds its version, installs the container runtime, "
+    "downloads a language model and starts a server that answers questions over the local "
+    "network. Before it ends, it sends the server a few requests and reads the answers, "
+    "because a server can be running and still answer nonsense.\n\n"
     "Question: in two sentences, what problem did the group have, and how did they solve it?"
 )
 PROMPTS = {"short": SHORT, "long": LONG}
