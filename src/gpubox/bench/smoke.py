@@ -212,6 +212,7 @@ class Row:
     short_ttft_ms: float | None = None
     long_ttft_ms: float | None = None
     decode_tps: float | None = None
+    server_tps: float | None = None  # llama.cpp's own figure (timings), None for vLLM
     problems: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -249,7 +250,15 @@ def _tps(value: float | None) -> str:
 
 def format_table(host: str, backend: str, rows: list[Row]) -> str:
     """The rows side by side, then each failure's reason."""
-    header = ("configuration", "flags", "answers", "TTFT short", "TTFT long", "decode tok/s")
+    header = (
+        "configuration",
+        "flags",
+        "answers",
+        "TTFT short",
+        "TTFT long",
+        "decode tok/s",
+        "server's tok/s",
+    )
     lines = [header] + [
         (
             r.name,
@@ -258,6 +267,7 @@ def format_table(host: str, backend: str, rows: list[Row]) -> str:
             _ms(r.short_ttft_ms),
             _ms(r.long_ttft_ms),
             _tps(r.decode_tps),
+            _tps(r.server_tps),
         )
         for r in rows
     ]

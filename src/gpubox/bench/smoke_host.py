@@ -44,9 +44,9 @@ class HostSmoke:
 
 def measure(endpoint: Endpoint, row: Row, max_tokens: int = MAX_TOKENS) -> None:
     """One unmeasured request, then both prompts, streamed one after the other: TTFT of
-    each, the decode speed (1 / TPOT, the mean of the two), and what is wrong with an answer
-    (gpubox.answer_sanity)."""
-    speeds = []
+    each, the decode speed (1 / TPOT, the mean of the two; llama.cpp's own figure beside it),
+    and what is wrong with an answer (gpubox.answer_sanity)."""
+    speeds, server = [], []
     # one request first, not counted: a fresh vLLM compiles kernels on its first requests
     # (the deploy's warm-up does that for the unit; the smoke containers have none)
     stream_request(endpoint, answer_sanity.SHORT, WARM_UP_TOKENS, ignore_eos=False)
@@ -60,6 +60,8 @@ def measure(endpoint: Endpoint, row: Row, max_tokens: int = MAX_TOKENS) -> None:
             row.short_ttft_ms = ttft_ms
         else:
             row.long_ttft_ms = ttft_ms
+        if result.server_decode_tps:
+            server.append(result.server_decode_tps)
         per_token = tpot(result)
         if per_token:
             speeds.append(1 / per_token)
@@ -74,6 +76,7 @@ def measure(endpoint: Endpoint, row: Row, max_tokens: int = MAX_TOKENS) -> None:
         if problem:
             row.problems.append(f"the {which} prompt's answer {problem}")
     row.decode_tps = statistics.fmean(speeds) if speeds else None
+    row.server_tps = statistics.fmean(server) if server else None
 
 
 def health_command(plan: Plan) -> str:
