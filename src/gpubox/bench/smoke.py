@@ -23,6 +23,7 @@ is gpubox.bench.smoke_host.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -112,16 +113,13 @@ def variant_argv(docker: list[str], args: list[str], eager: bool, mamba: bool) -
         elif word == "--env-file":
             next(words)
             out.append(ENV_FILE)
-        elif word == "run":
-            out.append("-d")
+    out.insert(out.index("run") + 1, "-d")
     return out + variant_args(args, eager, mamba)
 
 
 def start_command(argv: list[str], api_key_file: str) -> str:
     """Write the smoke container's key file from the key file (sed reads it: the key is on no
     command line), remove an old smoke container, start this one."""
-    import shlex
-
     q = shlex.quote
     return (
         f"umask 077 && sed -n '1s/^/VLLM_API_KEY=/p' {q(api_key_file)} > {ENV_FILE} && "
