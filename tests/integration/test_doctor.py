@@ -1,9 +1,10 @@
 """gpubox doctor, gpubox bench and gpubox nvlink against the sandbox box after a deploy: a
 converged box is OK; bench's defaults and every slot full at once complete every request;
-llama-bench runs beside the served figures; each planted fault (a GPU missing, an NVLink link
-down, persistence off) is named with its fix; nvlink labels the stand-in's traffic; the
-watchdog restarts a frozen llama-server and doctor shows it. The tests run in order on one
-box."""
+backend.sane fails on a stand-in server that answers "!!!!"; `gpubox bench --smoke` measures
+the served llama-server; llama-bench runs beside the served figures; each planted fault (a GPU
+missing, an NVLink link down, persistence off) is named with its fix; nvlink labels the
+stand-in's traffic; the watchdog restarts a frozen llama-server and doctor shows it. The tests
+run in order on one box."""
 
 from __future__ import annotations
 
@@ -132,6 +133,121 @@ def test_every_slot_holds_its_whole_context_at_the_same_time(tmp_path):
         # each request filled most of its slot: together they were more than one slot holds
         assert ctx * 0.8 <= prompt + out <= ctx
         assert level["total_output_tokens"] == n * out
+
+
+# backend.sane (issue 19): the tiny model's answers pass it (every host-check and doctor run of
+# this module), and a server that answers "!!!!" (vLLM #10656's garbage, in llama-server's
+# answer shape) fails it. The stand-in takes llama-server's port while the unit is stopped; it
+# answers at most STANDIN_REQUESTS requests within STANDIN_SECONDS, then exits by itself.
+STANDIN_SECONDS = 90
+STANDIN_REQUESTS = 200
+STANDIN_PATH = "/root/gpubox-garbage-api.py"
+STANDIN = """
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+port, alias, seconds, requests = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+ANSWER = "!!!!"
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def send(self, code, body, kind="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.send(200, json.dumps({"status": "ok"}))
+        elif self.path == "/v1/models":
+            model = {"id": alias, "object": "model", "owned_by": "llamacpp"}
+            self.send(200, json.dumps({"object": "list", "data": [model]}))
+        else:
+            self.send(404, json.dumps({"error": {"code": 404, "message": "File Not Found"}}))
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if request.get("stream"):
+            events = [
+                {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": ANSWER}}]},
+                {"choices": [{"finish_reason": "stop", "index": 0, "delta": {}}]},
+            ]
+            body = "".join("data: " + json.dumps(e) + "\\n\\n" for e in events)
+            self.send(200, body + "data: [DONE]\\n\\n", "text/event-stream")
+            return
+        message = {"role": "assistant", "content": ANSWER}
+        choice = {"finish_reason": "stop", "index": 0, "message": message}
+        self.send(200, json.dumps({"choices": [choice], "object": "chat.completion"}))
+
+
+server = HTTPServer(("127.0.0.1", port), Handler)
+server.timeout = 1
+end = time.monotonic() + seconds
+for _ in range(requests):
+    if time.monotonic() > end:
+        break
+    server.handle_request()
+"""
+
+
+def _health_loop(url: str, seconds: int = 120) -> str:
+    return f"for i in $(seq {seconds}); do curl -sf -o /dev/null {url} && break; sleep 1; done"
+
+
+def test_backend_sane_passes_the_tiny_model_and_fails_a_garbage_answer():
+    config = _config()
+    unit, health = layout.LLAMA_SERVER, f"http://127.0.0.1:{config.api_port}/health"
+    # what the check adds to every deploy's quick checks: its two requests, on the tiny model
+    took = []
+    start = time.monotonic()
+    box_sh("true")
+    ssh = time.monotonic() - start
+    for name in ("sane_short", "sane_long"):
+        command = checks.FACTS[name].command_for(config, None)
+        start = time.monotonic()
+        status, _, body = box_sh(command).partition("\n")
+        took.append(time.monotonic() - start)
+        assert status == "200", name
+        print(f"\n{name}: {body[:700]}")
+    print(
+        f"backend.sane's requests on the tiny model: {took[0]:.2f} s and {took[1]:.2f} s "
+        f"(one SSH command alone: {ssh:.2f} s)"
+    )
+    box_sh(f"cat > {STANDIN_PATH}", stdin=STANDIN)
+    box_sh(f"systemctl stop {unit}")
+    pid = ""
+    try:
+        args = f"{config.api_port} {config.model_alias} {STANDIN_SECONDS} {STANDIN_REQUESTS}"
+        pid = box_sh(
+            f"setsid python3 {STANDIN_PATH} {args} </dev/null >/dev/null 2>&1 & echo $!"
+        ).strip()
+        box_sh(_health_loop(health, 20))
+        host = demo.checks(extra=("-m", "quick", "-k", "backend.sane or backend.chat"))
+    finally:
+        if pid.isdigit():
+            box_sh(f"kill {pid} 2>/dev/null; true")
+        box_sh(f"rm -f {STANDIN_PATH}; systemctl start {unit}; {_health_loop(health)}")
+    assert set(host.failures) == {"backend.sane"}, host.output[-3000:]  # the shape is right
+    found = host.failures["backend.sane"]
+    assert "the answer to the short prompt content is one character repeated ('!' 4 of 4" in found
+    assert "the answer to the long prompt" in found
+    assert box_sh(f"curl -s -o /dev/null -w '%{{http_code}}' {health}") == "200"
+
+
+def test_the_smoke_test_measures_the_served_llama_server():
+    proc = gpubox("bench", "--smoke", demo.INVENTORY)
+    print("\n" + proc.stdout + proc.stderr[-2000:])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "smoke test of gpubox-sandbox (llamacpp):" in proc.stdout
+    [row] = [ln for ln in proc.stdout.splitlines() if ln.startswith("  served ")]
+    assert row.split()[3] == "text"
+    assert "keep: served (the deployed configuration; nothing to set)" in proc.stdout
 
 
 # gpubox bench --llama-bench against the same box, for real: the deploy built llama-bench

@@ -524,6 +524,7 @@ FAULTS: dict[str, Fault] = {
     "backend.auth": Fault("api_unauthorized", lambda text: "200" + text[3:]),
     "backend.models": Fault("api_models", edit_json(_set("data.0.id", "tiny"))),
     "backend.chat": Fault("api_chat", BAD_STREAM),
+    "backend.sane": Fault("sane_short", edit_json(_set("choices.0.message.content", "!" * 64))),
     "backend.slots": Fault("api_props", edit_json(_set("total_slots", 1))),
     "backend.build": Fault(
         "llama_build", replace("build 11312, commit 0c1e570", "build 1, commit a")
@@ -633,6 +634,11 @@ def test_the_findings_name_the_part_and_the_fix():
     assert finding("backend.tool-call-streamed").message.startswith(
         "box: the streamed answer to a request with a tool is not a parsed tool call: "
         "the stream did not end with data: [DONE]"
+    )
+    assert str(finding("backend.sane")) == (
+        "box: the answer to the short prompt content is one character repeated ('!' 64 of 64 "
+        "times): '" + "!" * 60 + "'... -> journalctl -u gpubox-llama-server -n 50; "
+        f"gpubox bench --smoke {INVENTORY} (which server flags answer text)"
     )
     assert finding("vllm.compat").message == (
         "box: vllm/vllm-openai:v0.19.1 has no /usr/local/cuda-12.9/compat/libcuda.so.*: it is "

@@ -193,6 +193,25 @@ def api_outputs(config: HostConfig) -> dict[str, str]:
         ),
         "api_props": http(200, props),
         "api_metrics": http(200, metrics),
+        "sane_short": http(200, sane_answer("The sky is blue because air scatters blue light.")),
+        "sane_long": http(200, sane_answer("The group's scripts broke machines; a tool fixed it.")),
+    }
+
+
+def sane_answer(content: str) -> dict[str, Any]:
+    """llama-server's whole answer to one of backend.sane's prompts."""
+    return {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+            }
+        ],
+        "created": 1796105310,
+        "model": "qwen3-next",
+        "object": "chat.completion",
+        "usage": {"completion_tokens": 12, "prompt_tokens": 24, "total_tokens": 36},
     }
 
 

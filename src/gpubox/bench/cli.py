@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from gpubox import reach, tunnel
@@ -78,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="INV",
         help="bench every host of a gpubox inventory, model model_alias: through an SSH "
         "tunnel when api_host is loopback (the default), else http://{ssh_hostname}:{api_port}",
+    )
+    target.add_argument(
+        "--smoke",
+        metavar="INV",
+        help="the first-run smoke test of every host of a gpubox inventory (docs/tools.md): "
+        "for vLLM, the server started with and without --enforce-eager and with and without "
+        "--mamba-ssm-cache-dtype float32 (the deployed unit stopped meanwhile, started again "
+        "afterwards), each answering a short and a long prompt; for llama.cpp, the served "
+        "configuration. Prints TTFT, decode tok/s, whether the answers are text, and the "
+        "configuration to keep",
     )
     parser.add_argument("--model", help="the model id to request (required with a URL)")
     parser.add_argument("--api-key-file", metavar="F", help=f"file with the API key ({KEY_ENV})")
@@ -306,9 +319,91 @@ def bench_target(
     return (reach.DEVIATES if failed else reach.OK), report, None, False
 
 
+def smoke_main(args: argparse.Namespace) -> int:
+    """`gpubox bench --smoke INV`: each host's configurations, its table and advice. Exit
+    status: 0 a configuration to keep and the server back, 1 none answered text or the
+    server is not back, 2 nothing could be run, 3 a host unreachable; 130 interrupted."""
+    import testinfra
+
+    from gpubox.bench import smoke, smoke_host
+    from gpubox.bench.llamabench import _runner
+
+    def say(text: str) -> None:
+        print(f"gpubox bench --smoke: {text}", file=sys.stderr, flush=True)
+
+    try:
+        key = _read_key(args.api_key_file)
+        plans = smoke.load_plans(args.smoke)
+    except BenchError as exc:
+        say(str(exc))
+        return reach.BAD_INPUT
+    if not plans:
+        say(f"{args.smoke} defines no hosts")
+        return reach.BAD_INPUT
+    codes: list[int] = []
+    found = reach.probe_all([(p.name, p.data) for p in plans if not p.error])
+    for name, why in found.items():
+        print(reach.unreachable_line(name, why), file=sys.stderr, flush=True)
+        codes.append(reach.UNREACHABLE)
+    with tempfile.TemporaryDirectory(prefix="gpubox-smoke-") as tmp:
+        ssh_config = Path(tmp) / "ssh_config"
+        ssh_config.write_text("".join(p.ssh_config for p in plans if not p.error))
+        for plan in plans:
+            if plan.name in found:
+                continue
+            if plan.error:
+                say(f"{plan.name}: {plan.error}")
+                codes.append(reach.BAD_INPUT)
+                continue
+            host = testinfra.get_host(
+                f"paramiko://{plan.name}", ssh_config=str(ssh_config), sudo=plan.sudo
+            )
+            model = str(plan.data["model_alias"])
+            url = host_url(plan.name, plan.data.get("ssh_hostname"), plan.data["api_port"])
+            target = Target(plan.name, url, model, plan.data)
+            try:
+                with _reach(target, key, reach.DEFAULT_TIMEOUT_S) as (base, given, _):
+                    endpoint = Endpoint(base, model, given, args.timeout)
+                    result = smoke_host.smoke_host(
+                        _runner(host),
+                        plan,
+                        functools.partial(smoke_host.measure, endpoint),
+                        say,
+                    )
+            except Unreachable as exc:
+                print(reach.unreachable_line(plan.name, str(exc)), file=sys.stderr, flush=True)
+                codes.append(reach.UNREACHABLE)
+                continue
+            except BenchError as exc:
+                say(str(exc))
+                codes.append(reach.BAD_INPUT)
+                continue
+            if result.rows:
+                print("\n" + smoke.format_table(plan.name, plan.backend, result.rows))
+                print(smoke.advice(plan.backend, plan.deployed_eager, result.rows))
+            if result.error:
+                say(f"{plan.name}: {result.error}")
+            if result.restart_error:
+                say(
+                    f"{plan.name}: {plan.unit} IS NOT BACK: {result.restart_error}; start it "
+                    f"with sudo systemctl start {plan.unit}"
+                )
+            if result.interrupted:
+                return 130
+            if not result.rows:
+                codes.append(reach.BAD_INPUT)
+            elif smoke.keep(result.rows) is None or result.restart_error or result.error:
+                codes.append(reach.DEVIATES)
+            else:
+                codes.append(reach.OK)
+    return reach.combine(codes)
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.smoke:
+        return smoke_main(args)
     llamabench.check_arguments(parser, args)
     settings = Settings(
         concurrency=args.concurrency,

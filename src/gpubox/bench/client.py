@@ -195,7 +195,14 @@ def stream_request(
             last = now
             fingerprint = chunk.get("system_fingerprint") or fingerprint
             for choice in chunk.get("choices") or []:
-                if _has_token(choice.get("delta") or {}):
+                delta = choice.get("delta") or {}
+                if choice.get("index", 0) == 0:
+                    result.content += delta.get("content") or ""
+                    result.reasoning += (
+                        delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    )
+                    result.finish_reason = choice.get("finish_reason") or result.finish_reason
+                if _has_token(delta):
                     if result.ttft is None:
                         result.ttft = now - start
                     else:

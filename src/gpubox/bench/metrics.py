@@ -50,6 +50,9 @@ class RequestResult:
     server_decode_tps: float | None = None  # llama.cpp timings.predicted_per_second
     error: str | None = None
     status: int | None = None
+    content: str = ""  # the streamed answer's text (choice 0), for `gpubox bench --smoke`
+    reasoning: str = ""  # reasoning_content (llama.cpp) or reasoning (vLLM)
+    finish_reason: str | None = None
 
 
 def tpot(result: RequestResult) -> float | None:

@@ -105,6 +105,25 @@ def streams_tokens(c: HostConfig, r: Reading) -> str | None:
     return f"the stream carried no tokens: {body[:300]}"
 
 
+def sane(c: HostConfig, r: Reading) -> list[Problem]:
+    """Both prompts of gpubox.answer_sanity answered with text: not empty, not one character
+    repeated (vLLM #10656: ``!!!!!`` to short prompts on Volta and Turing), not bytes."""
+    from gpubox import answer_sanity, openai_shape
+
+    problems = []
+    for which in answer_sanity.PROMPTS:
+        status, body = r.get(f"sane_{which}")
+        if status != 200:
+            problems.append(f"the {which} prompt answered {status}: {body[:300]}")
+            continue
+        problem = answer_sanity.answer_problem(openai_shape.parse(body, stream=False))
+        if problem:
+            problems.append(f"the answer to the {which} prompt {problem}")
+    smoke = "gpubox bench --smoke {inv} (which server flags answer text)"
+    fix = f"journalctl -u {_unit(c)} -n 50; {smoke}"
+    return [Problem(p, fix) for p in problems]
+
+
 def slots(c: HostConfig, r: Reading) -> str | None:
     """llama-server's /props: the context of one slot (model_ctx: -c is model_ctx x
     model_parallel without the unified KV cache) and the number of slots."""
@@ -306,6 +325,14 @@ CHECKS = [
         "quick",
         ("api_chat",),
         streams_tokens,
+        applies=serving,
+    ),
+    Check(
+        "backend.sane",
+        "a short and a long prompt are answered with text, not garbage",
+        "quick",
+        ("sane_short", "sane_long"),
+        sane,
         applies=serving,
     ),
     Check(

@@ -204,6 +204,20 @@ def _chat(config: HostConfig, target: Target | None) -> str:
     return chat(config, request)
 
 
+def _sane(which: str) -> Any:
+    """One of backend.sane's two prompts (gpubox.answer_sanity), answered whole."""
+
+    def command(config: HostConfig, target: Target | None) -> str | None:
+        from gpubox import answer_sanity
+
+        if config.backend == "none":
+            return None
+        prompt = answer_sanity.PROMPTS[which]
+        return chat(config, answer_sanity.request(config.model_alias, prompt))
+
+    return command
+
+
 def _tool_call(stream: bool) -> Any:
     def command(config: HostConfig, target: Target | None) -> str | None:
         from gpubox import openai_shape
@@ -364,6 +378,8 @@ fact(
     ),
     Fact("api_models", _serving(lambda c, t: curl(c, "/v1/models")), parse_http, in_turn=True),
     Fact("api_chat", _serving(_chat), parse_http, in_turn=True),
+    Fact("sane_short", _sane("short"), parse_http, in_turn=True),
+    Fact("sane_long", _sane("long"), parse_http, in_turn=True),
     Fact("api_props", _llamacpp(lambda c, t: curl(c, "/props")), parse_http, in_turn=True),
     Fact("api_metrics", _llamacpp(lambda c, t: curl(c, "/metrics")), parse_http, in_turn=True),
     Fact("llama_build", _llama_build, parse_sections),

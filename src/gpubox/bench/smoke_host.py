@@ -1,0 +1,222 @@
+"""`gpubox bench --smoke` on one host: the prompts measured and judged, and for vLLM the
+sequence that stops the deployed unit, runs each configuration as its own container, and
+starts the unit again however the run ends (an error, a configuration that does not start,
+Ctrl-C). If the connection is lost for good, the unit stays stopped: start it with
+`sudo systemctl start gpubox-vllm`."""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpubox import answer_sanity
+from gpubox.bench.client import Endpoint, stream_request
+from gpubox.bench.metrics import tpot
+from gpubox.bench.smoke import CONTAINER, ENV_FILE, MAX_TOKENS, Plan, Row
+from gpubox.openai_shape import Answer
+
+if TYPE_CHECKING:  # checks import the stages (pyinfra): not at `gpubox bench`'s start
+    from gpubox.checks import Runner
+
+HEALTH_POLL = 2.0
+PROGRESS_EVERY = 15.0
+WARM_UP_TOKENS = 16
+LOG_TAIL = 20  # lines of a failed container's log brought back
+Say = Callable[[str], None]
+Sleep = Callable[[float], None]
+Clock = Callable[[], float]
+Measure = Callable[[Row], None]
+
+
+@dataclass
+class HostSmoke:
+    name: str
+    backend: str
+    rows: list[Row] = field(default_factory=list)
+    error: str | None = None  # nothing could be measured
+    restart_error: str | None = None  # the deployed unit is not back
+    interrupted: bool = False
+
+
+def measure(endpoint: Endpoint, row: Row, max_tokens: int = MAX_TOKENS) -> None:
+    """One unmeasured request, then both prompts, streamed one after the other: TTFT of
+    each, the decode speed (1 / TPOT, the mean of the two; llama.cpp's own figure beside it),
+    and what is wrong with an answer (gpubox.answer_sanity)."""
+    speeds, server = [], []
+    # one request first, not counted: a fresh vLLM compiles kernels on its first requests
+    # (the deploy's warm-up does that for the unit; the smoke containers have none)
+    stream_request(endpoint, answer_sanity.SHORT, WARM_UP_TOKENS, ignore_eos=False)
+    for which, prompt in answer_sanity.PROMPTS.items():
+        result, _, _ = stream_request(endpoint, prompt, max_tokens, ignore_eos=False)
+        if not result.ok:
+            row.problems.append(f"the {which} prompt failed: {result.error}")
+            continue
+        ttft_ms = None if result.ttft is None else result.ttft * 1000
+        if which == "short":
+            row.short_ttft_ms = ttft_ms
+        else:
+            row.long_ttft_ms = ttft_ms
+        if result.server_decode_tps:
+            server.append(result.server_decode_tps)
+        per_token = tpot(result)
+        if per_token:
+            speeds.append(1 / per_token)
+        answer = Answer(
+            content=result.content,
+            reasoning=result.reasoning,
+            finish_reason=result.finish_reason,
+            streamed=True,
+            done=True,
+        )
+        problem = answer_sanity.answer_problem(answer)
+        if problem:
+            row.problems.append(f"the {which} prompt's answer {problem}")
+    row.decode_tps = statistics.fmean(speeds) if speeds else None
+    row.server_tps = statistics.fmean(server) if server else None
+
+
+def health_command(plan: Plan) -> str:
+    return (
+        "curl -s -o /dev/null --max-time 5 -w '%{http_code}' "
+        + shlex.quote(plan.health_url)
+        + " || true"
+    )
+
+
+def state_command() -> str:
+    """The smoke container's state ("running", "exited 1"), "gone" when there is none."""
+    return (
+        f"docker inspect -f '{{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {CONTAINER} "
+        "2>/dev/null || echo gone"
+    )
+
+
+def remove_command() -> str:
+    return f"docker rm -f {CONTAINER} >/dev/null 2>&1; rm -f {ENV_FILE}; true"
+
+
+def wait_healthy(
+    run: Runner,
+    plan: Plan,
+    what: str,
+    say: Say,
+    sleep: Sleep,
+    clock: Clock,
+    container: bool = False,
+) -> str | None:
+    """Wait for /health (a progress line every PROGRESS_EVERY s); None, or why it never came:
+    health_timeout passed, or (``container``) the smoke container stopped, with its log's
+    last lines."""
+    start = last = clock()
+    while True:
+        code = run(health_command(plan)).stdout.strip()
+        if code == "200":
+            say(f"{plan.name}: {what} healthy after {clock() - start:.0f} s")
+            return None
+        if container:
+            state = run(state_command()).stdout.strip()
+            if not state.startswith("running"):
+                log = run(f"docker logs --tail {LOG_TAIL} {CONTAINER} 2>&1").stdout.strip()
+                tail = " | ".join(log.splitlines()[-3:]) or "no log"
+                return f"the container stopped ({state}) before /health answered: {tail}"
+        now = clock()
+        if now - start >= plan.health_timeout:
+            return f"{what} did not answer /health within {plan.health_timeout} s (health_timeout)"
+        if now - last >= PROGRESS_EVERY:
+            say(
+                f"{plan.name}: waiting for {what} (/health {code or 'no answer'}, "
+                f"{now - start:.0f} s)"
+            )
+            last = now
+        sleep(HEALTH_POLL)
+
+
+def restore(
+    run: Runner, plan: Plan, was_running: bool, say: Say, sleep: Sleep, clock: Clock
+) -> str | None:
+    """Remove the smoke container, start the deployed unit again when it was running, wait for
+    its /health; None, or why it is not back."""
+    try:
+        run(remove_command())
+        if not was_running:
+            say(f"{plan.name}: {plan.unit} was not running before; it is left stopped")
+            return None
+        say(f"{plan.name}: starting {plan.unit} again")
+        out = run(f"systemctl start {plan.unit}")
+        if out.rc != 0:
+            return f"systemctl start {plan.unit} failed: {out.first_error_line()}"
+        why = wait_healthy(run, plan, plan.unit, say, sleep, clock)
+        return None if why is None else f"{why}: journalctl -u {plan.unit} -n 50"
+    except KeyboardInterrupt:
+        return f"{plan.unit} started, /health not awaited (interrupted)"
+    except Exception as exc:  # the connection, most likely
+        return f"{type(exc).__name__}: {exc}"
+
+
+def smoke_host(
+    run: Runner,
+    plan: Plan,
+    measure_row: Measure,
+    say: Say,
+    sleep: Sleep = time.sleep,
+    clock: Clock = time.monotonic,
+) -> HostSmoke:
+    """llama.cpp: the served configuration measured. vLLM: the unit stopped, each
+    configuration started, awaited, measured and removed, the unit started again in any case."""
+    result = HostSmoke(plan.name, plan.backend)
+    try:
+        state = run(f"systemctl is-active {plan.unit}").stdout.strip() or "unknown"
+    except Exception as exc:
+        result.error = f"cannot reach {plan.name}: {exc}"
+        return result
+    if plan.backend != "vllm":
+        why = run(health_command(plan)).stdout.strip()
+        if why != "200":
+            result.error = (
+                f"{plan.unit} is {state} and /health answers {why or 'nothing'}: deploy first"
+            )
+            return result
+        row = Row("served", "(as deployed)")
+        say(f"{plan.name}: the served {plan.backend}: the short and the long prompt")
+        measure_row(row)
+        result.rows.append(row)
+        return result
+    was_running = state in ("active", "activating", "reloading")
+    if was_running:
+        say(
+            f"{plan.name}: stopping {plan.unit} for the smoke test (it holds the GPUs); it is "
+            "started again afterwards, however the run ends"
+        )
+    try:
+        if was_running:
+            out = run(f"systemctl stop {plan.unit}")
+            if out.rc != 0:
+                result.error = f"systemctl stop {plan.unit} failed: {out.first_error_line()}"
+                return result
+        for number, variant in enumerate(plan.variants, 1):
+            row = Row(variant.name, variant.flags, variant.enforce_eager, variant.mamba_float32)
+            result.rows.append(row)
+            say(
+                f"{plan.name}: configuration {number} of {len(plan.variants)}: vLLM with "
+                f"{variant.flags}"
+            )
+            out = run(variant.start)
+            if out.rc != 0:
+                row.error = f"docker run failed: {out.first_error_line()}"
+            else:
+                row.error = wait_healthy(run, plan, CONTAINER, say, sleep, clock, container=True)
+            if row.error is None:
+                measure_row(row)
+            run(remove_command())
+    except KeyboardInterrupt:
+        result.interrupted = True
+        result.error = "interrupted"
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        result.restart_error = restore(run, plan, was_running, say, sleep, clock)
+    return result
