@@ -338,3 +338,15 @@ def test_vllm_attention_backend_is_nowhere_in_what_gpubox_renders(data):
     for template in templates.iterdir():
         if template.name.startswith("vllm"):
             assert "VLLM_ATTENTION_BACKEND" not in template.read_text(), template.name
+
+
+def test_the_ssm_state_dtype_key_reaches_vllms_arguments():
+    from gpubox.config import load_host_config
+    from gpubox.stages import vllm as vllm_stage
+
+    default = vllm_stage.vllm_args(load_host_config("b", VLLM))
+    assert "--mamba-ssm-cache-dtype" not in default
+    f32 = vllm_stage.vllm_args(
+        load_host_config("b", {**VLLM, "vllm_mamba_ssm_cache_dtype": "float32"})
+    )
+    assert f32[-2:] == ["--mamba-ssm-cache-dtype", "float32"]

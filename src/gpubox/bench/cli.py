@@ -380,7 +380,11 @@ def smoke_main(args: argparse.Namespace) -> int:
                 continue
             if result.rows:
                 print("\n" + smoke.format_table(plan.name, plan.backend, result.rows))
-                print(smoke.advice(plan.backend, plan.deployed_eager, result.rows))
+                print(
+                    smoke.advice(
+                        plan.backend, plan.deployed_eager, result.rows, plan.deployed_mamba
+                    )
+                )
             if result.error:
                 say(f"{plan.name}: {result.error}")
             if result.restart_error:

@@ -77,6 +77,7 @@ class Plan:
     health_timeout: int = 1800
     api_key_file: str = ""
     deployed_eager: bool = False
+    deployed_mamba: str = "auto"  # vllm_mamba_ssm_cache_dtype
     variants: list[Variant] = field(default_factory=list)  # vLLM's four; none for llama.cpp
     data: dict[str, Any] = field(default_factory=dict)  # ssh_* and the API's keys (the tunnel)
 
@@ -150,6 +151,7 @@ def host_plan(name: str, data: dict[str, Any]) -> Plan:
         health_timeout=int(cfg.health_timeout),
         api_key_file=cfg.api_key_file,
         deployed_eager=bool(getattr(cfg, "vllm_enforce_eager", False)),
+        deployed_mamba=str(getattr(cfg, "vllm_mamba_ssm_cache_dtype", "auto")),
         data={**ssh, **keys},
     )
     if cfg.backend == "vllm":
@@ -281,7 +283,9 @@ def format_table(host: str, backend: str, rows: list[Row]) -> str:
     return "\n".join(text)
 
 
-def advice(plan_backend: str, deployed_eager: bool, rows: list[Row]) -> str:
+def advice(
+    plan_backend: str, deployed_eager: bool, rows: list[Row], deployed_mamba: str = "auto"
+) -> str:
     """Which configuration to keep, and the inventory keys that select it."""
     best = keep(rows)
     if best is None:
@@ -295,9 +299,7 @@ def advice(plan_backend: str, deployed_eager: bool, rows: list[Row]) -> str:
     eager = "true" if best.enforce_eager else "false"
     change = " (the deployed value)" if best.enforce_eager == deployed_eager else ""
     lines.append(f"  set in the inventory: vllm_enforce_eager: {eager}{change}")
-    if best.mamba_float32:
-        lines.append(
-            f"  and {MAMBA} float32: no inventory key sets it yet; gpubox's unit runs vLLM "
-            "without it (the state in half precision)"
-        )
+    mamba = "float32" if best.mamba_float32 else "auto"
+    change = " (the deployed value)" if mamba == deployed_mamba else ""
+    lines.append(f"  set in the inventory: vllm_mamba_ssm_cache_dtype: {mamba}{change}")
     return "\n".join(lines)

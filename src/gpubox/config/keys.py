@@ -358,6 +358,18 @@ KEYS: tuple[Key, ...] = (
     Key(
         "vllm_enforce_eager", bool, False, "vLLM without CUDA graphs (slow decode)", backend="vllm"
     ),
+    # Qwen3-Next's gated-delta-net recurrent state: "auto" keeps it in the model's dtype (fp16
+    # with --dtype half on Volta), "float32" passes --mamba-ssm-cache-dtype float32. Untried on
+    # a V100: `gpubox bench --smoke` measures both and names the one to keep.
+    Key(
+        "vllm_mamba_ssm_cache_dtype",
+        str,
+        "auto",
+        "the dtype of the model's recurrent (SSM) state in vLLM: 'auto' (the model's dtype) or "
+        "'float32' (--mamba-ssm-cache-dtype float32)",
+        choices=("auto", "float32"),
+        backend="vllm",
+    ),
     Key(
         "vllm_revision",
         str,

@@ -103,6 +103,8 @@ def vllm_args(config: HostConfig) -> list[str]:
         args[1:1] = ["--quantization", flag]
     if config.vllm_enforce_eager:
         args.append("--enforce-eager")
+    if config.vllm_mamba_ssm_cache_dtype != "auto":
+        args += ["--mamba-ssm-cache-dtype", config.vllm_mamba_ssm_cache_dtype]
     return args
 
 
