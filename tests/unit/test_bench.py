@@ -339,29 +339,66 @@ def on_schedule(measured_ms: float, scheduled_ms: float) -> bool:
     return scheduled_ms - 1.0 <= measured_ms <= scheduled_ms + LATE_MS
 
 
+def settled(measure, checks, attempts: int = 3) -> dict:
+    """``measure()`` -> a level, judged by ``checks(level)`` -> [(name, measured, scheduled)]
+    with on_schedule. Early is a wrong clock and fails at once; late is the machine's load
+    (this tier runs beside the sandbox's), so a late level is measured again, up to
+    ``attempts`` times, and only the last is judged late."""
+    for _attempt in range(attempts):
+        level = measure()
+        found = checks(level)
+        early = [(n, m, want) for n, m, want in found if m < want - 1.0]
+        assert not early, f"early, a wrong clock: {early}"
+        late = [(n, m, want) for n, m, want in found if not on_schedule(m, want)]
+        if not late:
+            return level
+    raise AssertionError(f"late in {attempts} runs (the last: {late})")
+
+
 @pytest.mark.parametrize(("concurrency", "requests"), [(1, 3), (8, 8)])
 def test_ttft_and_tpot_match_the_schedule(
     server: SyntheticServer, concurrency: int, requests: int
 ) -> None:
-    report = run(server, [concurrency], requests)
-    level = report["levels"][0]
-    assert (level["completed"], level["failed"]) == (requests, 0)
-    assert level["total_output_tokens"] == 20 * requests
-    assert on_schedule(level["mean_ttft_ms"], 200.0)
-    assert on_schedule(level["median_ttft_ms"], 200.0)
+    reports: list[dict] = []
+
+    def measure() -> dict:
+        reports.append(run(server, [concurrency], requests))
+        return reports[-1]["levels"][0]
+
+    def checks(level: dict) -> list[tuple[str, float, float]]:
+        assert (level["completed"], level["failed"]) == (requests, 0)
+        assert level["total_output_tokens"] == 20 * requests
+        # the clocks from the request's start; TPOT and ITL are gaps between tokens (a late
+        # token shortens the next gap), judged once the level is on schedule
+        return [
+            ("mean_ttft_ms", level["mean_ttft_ms"], 200.0),
+            ("median_ttft_ms", level["median_ttft_ms"], 200.0),
+            ("mean_e2el_ms", level["mean_e2el_ms"], 200 + 19 * 20),
+        ]
+
+    level = settled(measure, checks)
     assert level["mean_tpot_ms"] == pytest.approx(20.0, abs=1.0)
     assert level["median_itl_ms"] == pytest.approx(20.0, abs=1.0)
-    assert on_schedule(level["mean_e2el_ms"], 200 + 19 * 20)
     assert level["mean_server_decode_tps"] == pytest.approx(50.0, rel=0.05)
-    assert report["endpoint"]["system_fingerprint"] == "synthetic-1"
+    assert reports[-1]["endpoint"]["system_fingerprint"] == "synthetic-1"
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 def test_reasoning_deltas_count_as_the_first_token(server: SyntheticServer, field: str) -> None:
     server.mode, server.reasoning_field = "reasoning", field
-    level = run(server, [1], 1)["levels"][0]
-    assert level["completed"] == 1
-    assert on_schedule(level["mean_ttft_ms"], 200.0)
+
+    def measure() -> dict:
+        level = run(server, [1], 1)["levels"][0]
+        assert level["completed"] == 1
+        return level
+
+    level = settled(
+        measure,
+        lambda level: [
+            ("mean_ttft_ms", level["mean_ttft_ms"], 200.0),
+            ("mean_e2el_ms", level["mean_e2el_ms"], 200 + 19 * 20),
+        ],
+    )
     assert level["mean_tpot_ms"] == pytest.approx(20.0, abs=1.0)
 
 
