@@ -6,7 +6,7 @@ Everything that differs from a real box is data here: the connection, and the ca
 and key fingerprint pointed at the stand-in repository, through the same catalog_overrides
 key a user would use for a mirror."""
 
-from gpubox.sandbox import box_info, box_infos
+from gpubox.sandbox import EXPORTER_IMAGE, box_info, box_infos
 
 
 def box_data(info):
@@ -67,6 +67,9 @@ def box_data(info):
             # PyPI stand-in: a mirror URL, as a user would set one. The sha256, tag and
             # commit stay the catalog's.
             "llamacpp.url": info["llamacpp_url"],
+            # The stand-in dcgm-exporter image, built in the box (sandbox.load_exporter_image)
+            # and never pulled: the deploy finds it there, as it finds a mirror user's image.
+            "dcgm.exporter_image": info.get("exporter_image", EXPORTER_IMAGE),
         },
     }
 

@@ -4,13 +4,18 @@ Debian 12, and the burn-in verdict."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from conftest import REFERENCE, fresh_box
 from pyinfra.api.exceptions import OperationError
 
+from gpubox import exporter_label
 from gpubox.config import load_host_config, target_for
 from gpubox.operations import merge_json
 from gpubox.stages import burnin as burnin_stage
@@ -218,21 +223,62 @@ def exec_start(unit: str) -> list[str]:
     return shlex.split(line.removeprefix("ExecStart="))
 
 
-def test_dcgm_exporter_reads_the_hosts_engine_on_the_hosts_network():
+def exporter_run(unit: str, hostname: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    """What the unit's ExecStart runs on a host named ``hostname``: systemd's quoting (as shlex
+    reads it) and its $$ (a literal $), then /bin/sh with a ``hostname`` that prints the name
+    and, in /usr/bin/docker's place, a docker that prints its arguments as JSON."""
+    argv = exec_start(unit)
+    assert argv[:2] == ["/bin/sh", "-c"] and len(argv) == 3, argv
+    (line,) = [x for x in unit.splitlines() if x.startswith("ExecStart=")]
+    assert not re.search(r"(?<!\$)\$(?!\$)", line.replace("$$", "")), "a $ systemd would expand"
+    script = argv[2].replace("$$", "$")
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "hostname").write_text(f"#!/bin/sh\nprintf '%s\\n' {shlex.quote(hostname)}\n")
+    (bin_dir / "docker").write_text(
+        f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n"
+    )
+    for tool in ("hostname", "docker"):
+        (bin_dir / tool).chmod(0o755)
+    assert script.count("/usr/bin/docker ") == 1
+    script = script.replace("/usr/bin/docker ", f"{bin_dir / 'docker'} ")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True)
+
+
+def test_dcgm_exporter_reads_the_hosts_engine_named_by_the_hosts_name(tmp_path):
     data = {**REFERENCE, "dcgm_exporter": True, "dcgm_exporter_port": 9500}
     config = load_host_config("b", data)
-    argv = exec_start(dcgm_stage.exporter_unit(config))
+    unit = dcgm_stage.exporter_unit(config)
+    ran = exporter_run(unit, "gpu-07", tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    argv = json.loads(ran.stdout)
     image = config.catalog["dcgm"]["exporter_image"]
     docker, exporter = argv[: argv.index(image)], argv[argv.index(image) + 1 :]
     # The engine the dcgm stage binds to loopback: reachable only on the host's network.
     assert "--bind-interface 127.0.0.1" in render("nvidia-dcgm.conf.j2", address="127.0.0.1")
+    assert docker[:2] == ["run", "--rm"]
     assert "--network" in docker and docker[docker.index("--network") + 1] == "host"
     assert "-p" not in docker and "--cap-add" not in docker  # no mapping; no embedded engine
     assert exporter == [
-        "--address", "127.0.0.1:9500", "--remote-hostengine-info", "127.0.0.1:5555",
+        "--address", "127.0.0.1:9500", "--remote-hostengine-info", "gpu-07:5555",
     ]  # fmt: skip
+    # The label the pinned exporter computes from that: the box's name, not 127.0.0.1 ...
+    assert exporter_label.exporter_hostname(exporter[3], node_name="ignored") == "gpu-07"
+    # ... and inside the container that name is the engine's address, the port the engine's.
+    host, port = exporter_label.split_host_port(exporter[3])
+    added = docker[docker.index("--add-host") + 1]
+    assert added == f"{host}:{dcgm_stage.HOSTENGINE_ADDRESS}"
+    assert int(port) == dcgm_stage.HOSTENGINE_PORT
     every = load_host_config("b", {**data, "dcgm_exporter_address": "::"})
-    assert "[::]:9500" in exec_start(dcgm_stage.exporter_unit(every))
+    ran = exporter_run(dcgm_stage.exporter_unit(every), "gpu-07", tmp_path)
+    assert json.loads(ran.stdout)[-3] == "[::]:9500"
+
+
+def test_dcgm_exporter_does_not_start_without_a_hostname(tmp_path):
+    unit = dcgm_stage.exporter_unit(load_host_config("b", {**REFERENCE, "dcgm_exporter": True}))
+    ran = exporter_run(unit, "", tmp_path)
+    assert ran.returncode != 0 and ran.stdout == ""  # docker never ran
 
 
 def test_gpu_burn_is_built_for_volta_with_cuda_12_8(plan_of):

@@ -63,6 +63,7 @@ SKIPPED = {
     "llamacpp": {
         "docker.users",
         "dcgm.exporter",
+        "dcgm.exporter-hostname",
         "vllm.container",
         "vllm.caches",
         "vllm.warm",
@@ -513,6 +514,10 @@ FAULTS: dict[str, Fault] = {
     "dcgm.exporter": Fault(
         "exporter_metrics", drop_lines("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"), config="vllm"
     ),
+    # the unit before the fix: --remote-hostengine-info 127.0.0.1:5555 labels every metric so
+    "dcgm.exporter-hostname": Fault(
+        "exporter_metrics", replace('Hostname="v100-box"', 'Hostname="127.0.0.1"', 2), "vllm"
+    ),
     "tools.gpu-burn": Fault("gpu_burn_list", drop_lines("ID 1:")),
     "tools.burn": Fault("gpu_burn_short", gpu_burn(("OK", "FAULTY"))),
     "tools.nvtop": Fault("nvtop", "NVTOP version 1.0.0\n"),
@@ -618,6 +623,13 @@ def test_the_findings_name_the_part_and_the_fix():
     )
     assert str(finding("driver.pins")) == (
         f"box: apt pin {layout.DCGM_PIN} is missing -> pyinfra {INVENTORY} deploy/dcgm.py"
+    )
+    assert str(finding("dcgm.exporter-hostname")) == (
+        'box: dcgm-exporter labels its metrics Hostname="127.0.0.1", not this box\'s name '
+        '"v100-box": its unit must name the host engine --remote-hostengine-info v100-box:5555 '
+        "(with --add-host v100-box:127.0.0.1), as gpubox's unit does -> systemctl cat "
+        "gpubox-dcgm-exporter (a drop-in's ExecStart overrides gpubox's); "
+        f"pyinfra {INVENTORY} deploy/dcgm.py"
     )
     assert str(finding("dcgm.localhost")) == (
         "box: nv-hostengine listens beyond localhost: ['0.0.0.0:5555'] -> "

@@ -338,10 +338,11 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
         'users:(("sshd",pid=612,fd=4))\n',
         "exporter_metrics": "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
         "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
-        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-dae76d0e"} 0\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-dae76d0e",Hostname="v100-box"} 0\n'
         "# HELP DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL Total NVLink bandwidth.\n"
         "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter\n"
-        'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{gpu="0",UUID="GPU-dae76d0e"} 0\n',
+        'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{gpu="0",UUID="GPU-dae76d0e",Hostname="v100-box"} 0\n',
+        "hostname": "v100-box\n",
         "nvtop": "nvtop version 3.0.1\n",
         "burnin": json.dumps(
             {
@@ -510,6 +511,7 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
     assert skipped == {
         "docker.users",
         "dcgm.exporter",
+        "dcgm.exporter-hostname",
         "backend.gpu-memory",
         "vllm.container",
         "vllm.caches",

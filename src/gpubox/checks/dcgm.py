@@ -10,6 +10,7 @@ from gpubox.checks.docker import pinned_and_held
 from gpubox.checks.driver import service_up
 from gpubox.checks.facts import NVLINK_FIELDS
 from gpubox.config import HostConfig
+from gpubox.exporter_label import hostname_labels
 
 _LOCAL = re.compile(r"^(127\.\d+\.\d+\.\d+|\[::1\]):\d+$")
 
@@ -55,6 +56,26 @@ def exporter(c: HostConfig, r: Reading) -> list[str]:
         for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
         if name not in metrics
     ]
+
+
+def exporter_hostname(c: HostConfig, r: Reading) -> str | None:
+    """Every Hostname label on /metrics is the box's own name (the exporter takes it from
+    --remote-hostengine-info: gpubox.exporter_label)."""
+    from gpubox.stages.dcgm import HOSTENGINE_ADDRESS, HOSTENGINE_PORT
+
+    name = r.get("hostname")
+    labels = hostname_labels(r.get("exporter_metrics"))
+    if not labels:
+        return f'dcgm-exporter\'s /metrics has no Hostname label (expected Hostname="{name}")'
+    wrong = sorted({label for label in labels if label != name})
+    if not wrong:
+        return None
+    seen = ", ".join(f'Hostname="{label}"' for label in wrong)
+    return (
+        f'dcgm-exporter labels its metrics {seen}, not this box\'s name "{name}": its unit must '
+        f"name the host engine --remote-hostengine-info {name}:{HOSTENGINE_PORT} (with "
+        f"--add-host {name}:{HOSTENGINE_ADDRESS}), as gpubox's unit does"
+    )
 
 
 def _exporter_on(c: HostConfig) -> str | None:
@@ -105,6 +126,16 @@ CHECKS = [
         "gpu",
         ("exporter_metrics",),
         exporter,
+        applies=_exporter_on,
+    ),
+    Check(
+        "dcgm.exporter-hostname",
+        "dcgm-exporter's metrics carry the box's hostname",
+        "gpu",
+        ("exporter_metrics", "hostname"),
+        exporter_hostname,
+        fix=f"systemctl cat {layout.DCGM_EXPORTER} (a drop-in's ExecStart overrides gpubox's); "
+        "{deploy}",
         applies=_exporter_on,
     ),
 ]

@@ -363,6 +363,8 @@ fact(
     Fact("dcgm_dmon", f"dcgmi dmon -e {NVLINK_FIELDS} -c 3", parsers.parse_dcgmi_dmon, active=True),
     Fact("listening", "ss -H -ltnp"),
     Fact("exporter_metrics", _exporter),
+    # the name the dcgm-exporter unit reads at its start (`hostname` there too)
+    Fact("hostname", lambda c, t: "hostname" if c.dcgm_exporter else None, str.strip),
     Fact("gpu_burn_list", "gpu-burn -l", parsers.parse_gpu_burn_list, active=True),
     Fact("gpu_burn_short", "gpu-burn 5 2>&1", parsers.parse_gpu_burn, active=True),
     Fact("nvtop", "nvtop --version"),

@@ -13,6 +13,7 @@ host data.
 from gpubox.sandbox.box import (
     CCACHE_DIR,
     CHECK_IMAGE,
+    EXPORTER_IMAGE,
     FAULTS,
     NAME,
     SandboxError,
@@ -27,6 +28,7 @@ from gpubox.sandbox.box import (
     is_up,
     load_check_image,
     load_check_images,
+    load_exporter_image,
     mok_screen,
     netns_argv,
     plant_fault,
@@ -43,6 +45,7 @@ from gpubox.sandbox.box import (
 __all__ = [
     "CCACHE_DIR",
     "CHECK_IMAGE",
+    "EXPORTER_IMAGE",
     "FAULTS",
     "NAME",
     "SandboxError",
@@ -57,6 +60,7 @@ __all__ = [
     "is_up",
     "load_check_image",
     "load_check_images",
+    "load_exporter_image",
     "mok_screen",
     "netns_argv",
     "plant_fault",

@@ -92,6 +92,9 @@ DEBOOTSTRAP_INCLUDE = (
 ROOTFS_RECIPE_VERSION = 2
 # The container image the host checks run in the box (load_check_image), never from a registry.
 CHECK_IMAGE = "gpubox.local/check:1"
+# The stand-in dcgm-exporter (load_exporter_image): one layer on the check image, never pulled;
+# inventories/sandbox.py names it in catalog_overrides' dcgm.exporter_image, as a mirror would.
+EXPORTER_IMAGE = "gpubox.local/dcgm-exporter:4.4.1-4.6.0-standin"
 # A compiler cache that outlives the box: <cache dir>/ccache on the host, bind-mounted here in
 # every box, so that a llama.cpp build through ccache (CCACHE_DIR set to this, the source and
 # build at fixed paths) takes seconds in a fresh box once one box has built it.
@@ -828,6 +831,33 @@ def load_check_image(info: dict[str, Any] | None = None) -> str:
     return name
 
 
+def load_exporter_image(info: dict[str, Any] | None = None) -> str:
+    """The stand-in dcgm-exporter image, built in the box on the check image (loaded first)
+    and loaded into its Docker (once; quick when it is there): the stand-in program and the
+    recorded metrics of ``packages/dcgm-exporter``, and the product's own ``exporter_label.py``
+    (the Hostname rule, written once). Returns the image name (box.json ``exporter_image``)."""
+    from gpubox import exporter_label
+    from gpubox.sandbox import repo as standin_repo
+
+    info = info or box_info()
+    name = info.get("exporter_image", EXPORTER_IMAGE)
+    check = load_check_image(info)
+    here = standin_repo.PACKAGES_DIR / "dcgm-exporter"
+    files = {
+        "dcgm-exporter": (here / "dcgm-exporter").read_text(),
+        "metrics.prom": (here / "metrics.prom").read_text(),
+        "exporter_label.py": Path(exporter_label.__file__).read_text(),
+    }
+    script = f"FILES = {json.dumps(files)}\n" + (here / "build-exporter-image").read_text()
+    result = ssh(["python3", "-", name, check], check=False, timeout=300, info=info, input=script)
+    if result.returncode != 0 or result.stdout.strip().splitlines()[-1:] != [name]:
+        raise SandboxError(
+            f"could not build the stand-in exporter image {name} in the box "
+            f"(exit {result.returncode}):\n{result.stderr}{result.stdout}"
+        )
+    return name
+
+
 def load_check_images(
     progress: Progress = _stderr_progress,
 ) -> list[tuple[dict[str, Any], str | SandboxError]]:
@@ -1265,6 +1295,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
         "ssh_host_alias": NAME,
         "debian_mirror": mirror,
         "check_image": CHECK_IMAGE,
+        "exporter_image": EXPORTER_IMAGE,
         "processes": {},
     }
     state.update(standin_repo.repo_facts(repo, REPO_PORT))

@@ -29,12 +29,16 @@ def listen_address(address: str, port: int) -> str:
 
 
 def exporter_unit(config: HostConfig) -> str:
-    """The dcgm-exporter unit: the host's network, the host's engine."""
+    """The dcgm-exporter unit: the host's network, the host's engine, named by the host's name
+    (read at each start) so that the exporter's Hostname label is the box's
+    (gpubox.exporter_label), and that name mapped to the engine's address in the container."""
     return render(
         "dcgm-exporter.service.j2",
         image=config.catalog["dcgm"]["exporter_image"],
         listen=listen_address(config.dcgm_exporter_address, config.dcgm_exporter_port),
         hostengine=listen_address(HOSTENGINE_ADDRESS, HOSTENGINE_PORT),
+        engine_address=HOSTENGINE_ADDRESS,
+        engine_port=HOSTENGINE_PORT,
     )
 
 
