@@ -19,9 +19,7 @@ the catalog's ``dcgm.exporter_image``):
   it is left out when the value is empty.
 """
 
-from __future__ import annotations
-
-import re
+import re  # no __future__ import: the sandbox image's python3 carries only what it needs
 
 REMOTE_DEFAULT = "localhost:5555"  # app.go: the flag's default value
 

@@ -5,12 +5,14 @@ configuration cannot repair are detected and named. The tests run in order on on
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from conftest import box_sh, plant
 
-from gpubox import demo
+from gpubox import demo, exporter_label, sandbox
 from gpubox.config import load_host_config
+from gpubox.layout import DCGM_EXPORTER, DCGM_EXPORTER_UNIT_FILE
 from gpubox.sandbox.standin import state as standin_state
 from gpubox.stages.driver import PIN_FILE
 
@@ -290,3 +292,57 @@ def test_a_changed_flag_restarts_the_service_once():
     assert restored.rc == 0 and invocation() != after
     checks = demo.checks(extra=("-k", "backend"))
     assert checks.rc == 0 and checks.failed == 0, checks.output[-3000:]
+
+
+def exporter_metrics(want: str) -> str:
+    """The exporter's /metrics on the box once it carries ``want`` (it starts in a second)."""
+    text = ""
+    for _ in range(60):
+        text = box_sh("curl -fsS --max-time 2 http://127.0.0.1:9400/metrics", check=False)
+        if want in text:
+            return text
+        time.sleep(0.5)
+    raise AssertionError(f"/metrics never showed {want}:\n{text[-1500:]}")
+
+
+def test_dcgm_exporter_labels_its_metrics_with_the_boxs_hostname(tmp_path):
+    # The DCGM stage alone, with dcgm_exporter on; the exporter is the sandbox's stand-in image
+    # (the catalog's exporter_image overridden by inventories/sandbox.py, as a mirror would).
+    started = time.monotonic()
+    inventory = tmp_path / "sandbox_exporter.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"hosts = runpy.run_path({str(demo.ROOT / demo.INVENTORY)!r})['hosts']\n"
+        "hosts = [(name, {**data, 'dcgm_exporter': True}) for name, data in hosts]\n"
+    )
+    unit, dropin = DCGM_EXPORTER_UNIT_FILE, f"{DCGM_EXPORTER_UNIT_FILE}.d/gpubox-test.conf"
+    image = sandbox.load_exporter_image()
+    try:
+        run = demo.deploy("deploy/dcgm.py", inventory=str(inventory))
+        assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+        hostname = box_sh("hostname").strip()
+        text = exporter_metrics(f'Hostname="{hostname}"')
+        assert set(exporter_label.hostname_labels(text)) == {hostname}
+        checks = demo.checks(inventory=str(inventory), extra=("-k", "exporter"))
+        assert checks.rc == 0 and checks.failed == 0 and checks.passed == 2, checks.output[-3000:]
+        # The unit as it was before: the engine named 127.0.0.1, so is every metric.
+        before = (
+            f"/usr/bin/docker run --rm --name {DCGM_EXPORTER} --pull never --network host "
+            f"--gpus all {image} --address 127.0.0.1:9400 --remote-hostengine-info 127.0.0.1:5555"
+        )
+        box_sh(
+            f"mkdir -p {unit}.d && printf '[Service]\\nExecStart=\\nExecStart=%s\\n' "
+            f"'{before}' > {dropin} && systemctl daemon-reload && systemctl restart {DCGM_EXPORTER}"
+        )
+        exporter_metrics('Hostname="127.0.0.1"')
+        failed = failed_checks(demo.checks(inventory=str(inventory), extra=("-k", "exporter")))
+        assert list(failed) == ["dcgm.exporter-hostname"], failed
+        assert 'Hostname="127.0.0.1"' in failed["dcgm.exporter-hostname"]
+        assert f'not this box\'s name "{hostname}"' in failed["dcgm.exporter-hostname"]
+    finally:  # the box as the tests before left it: no exporter, no image
+        box_sh(
+            f"rm -f {dropin}; rmdir {unit}.d 2>/dev/null; systemctl disable --now {DCGM_EXPORTER}; "
+            f"rm -f {unit}; systemctl daemon-reload; docker rmi {image} >/dev/null",
+            check=False,
+        )
+    print(f"[sandbox timing] dcgm-exporter hostname test: {time.monotonic() - started:.1f} s")
