@@ -325,6 +325,8 @@ def test_dcgm_exporter_labels_its_metrics_with_the_boxs_hostname(tmp_path):
         assert set(exporter_label.hostname_labels(text)) == {hostname}
         checks = demo.checks(inventory=str(inventory), extra=("-k", "exporter"))
         assert checks.rc == 0 and checks.failed == 0 and checks.passed == 2, checks.output[-3000:]
+        again = demo.deploy("deploy/dcgm.py", inventory=str(inventory))
+        assert again.no_change, f"changed: {again.changed_names}\n{again.output[-2000:]}"
         # The unit as it was before: the engine named 127.0.0.1, so is every metric.
         before = (
             f"/usr/bin/docker run --rm --name {DCGM_EXPORTER} --pull never --network host "
