@@ -1,6 +1,7 @@
 """The sandbox box end to end: up, SSH, systemd, the stand-in NVIDIA repositories, a real
-reboot, Docker with the stand-in container toolkit, DCGM, the gpu-burn tarball, llama.cpp's
-source tarball, the tiny model and the compiler cache, and a down that leaves nothing behind.
+reboot, Docker with the stand-in container toolkit, DCGM, the gpu-burn tarball, the 1Panel
+package, llama.cpp's source tarball, the tiny model and the compiler cache, and a down that
+leaves nothing behind.
 
 The tests run in file order against one box. The first run on a machine builds the root
 filesystem (about 75 s on 2 cores) and fetches llama-cpp-python's sdist (the catalog's
@@ -299,6 +300,24 @@ def test_gpu_burn_tarball(info: dict[str, Any]) -> None:
     assert out[2] == f"gpu-burn-{commit}/"  # GitHub's archive layout
     served = Path(info["repo_root"]) / "github/wilicc/gpu-burn/archive" / f"{commit}.tar.gz"
     assert hashlib.sha256(served.read_bytes()).hexdigest() == info["gpu_burn_sha256"]
+
+
+def test_1panel_package_is_served(info: dict[str, Any]) -> None:
+    """The stand-in 1Panel package at the real URL's path shape, its goreleaser checksums.txt
+    and latest file (onepanel.py), and the box's python3 has sqlite3 for the stand-in core."""
+    version, arch = info["panel_version"], info["panel_arch"]
+    url = info["panel_url"].format(version=version, arch=arch)
+    name = f"1panel-{version}-linux-{arch}.tar.gz"
+    assert url.endswith(f"/1panel/v2/stable/{version}/release/{name}")
+    out = sandbox.ssh(
+        f"cd /tmp && curl -fsS -o {name} {url} && sha256sum {name} "
+        f"&& curl -fsS {info['panel_checksums_url']} && curl -fsS {info['panel_latest_url']} "
+        f"&& echo && tar tzf {name} | head -1 && python3 -c 'import sqlite3' && echo sqlite3",
+        info=info,
+    ).stdout.splitlines()
+    assert out[0] == f"{info['panel_sha256']}  {name}"
+    assert out[1] == out[0]  # checksums.txt: sha256sum's own format
+    assert out[2:] == [version, f"1panel-{version}-linux-{arch}/", "sqlite3"]
 
 
 def test_llamacpp_source_and_tiny_model_are_served(info: dict[str, Any]) -> None:
