@@ -67,6 +67,11 @@ def box_data(info):
             # PyPI stand-in: a mirror URL, as a user would set one. The sha256, tag and
             # commit stay the catalog's.
             "llamacpp.url": info["llamacpp_url"],
+            # The stand-in 1Panel release package (gpubox.sandbox.onepanel) at the real
+            # URL's path shape on the loopback server, and its sha256: a mirror, as a user
+            # sets one (used only by a host with panel: "1panel").
+            "panel.onepanel.url.intl": info["panel_url"],
+            "panel.onepanel.sha256.amd64": info["panel_sha256"],
         },
     }
 

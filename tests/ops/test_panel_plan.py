@@ -164,6 +164,22 @@ def test_a_panel_at_the_pin_plans_nothing(plan_of, os_name):
     assert own_commands(plan) == [], plan.ops
 
 
+def test_a_stopped_panel_is_started_and_waited_for(plan_of):
+    state = "\n".join(installed()).replace("ActiveState=active", "ActiveState=inactive", 1)
+    answers = box("debian12", state=state.splitlines())
+    answers["--property SubState 1panel-core.service"] = [
+        "Id=1panel-core.service",
+        "SubState=dead",
+    ]
+    plan = plan_of(panel.panel, PANEL, answers)
+    assert short(plan.names)[-3:] == [
+        "1panel-core running and enabled",
+        "1panel-agent running and enabled",
+        "Wait for 1Panel on port 10100 (1panel-core started)",
+    ]
+    assert plan.op("1panel-core running") == ["systemctl start 1panel-core.service"]
+
+
 def test_another_version_warns_and_is_kept(plan_of, caplog):
     plan = plan_of(panel.panel, PANEL, box("debian12", state=installed("v2.2.5")))
     assert own_commands(plan) == []

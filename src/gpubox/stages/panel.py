@@ -233,6 +233,14 @@ def panel() -> None:
         systemd.service(
             name=f"{unit} running and enabled", service=unit, running=True, enabled=True
         )
+    stopped = [u for u in (layout.PANEL_CORE, layout.PANEL_AGENT) if state.unit(u)[0] != "active"]
+    if plan.action == "keep" and stopped:
+        # a panel found stopped is started above: wait for it as after an install
+        wait_for_panel(
+            name=f"Wait for 1Panel on port {config.panel_port} ({', '.join(stopped)} started)",
+            port=config.panel_port,
+            timeout=WAIT_S,
+        )
 
 
 def step(args: str, name: str) -> None:
