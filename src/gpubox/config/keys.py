@@ -460,14 +460,7 @@ KEYS: tuple[Key, ...] = (
         "a server panel on the box's Docker: 'none' or '1panel' (1Panel v2; docs/panel.md)",
         choices=("none", "1panel"),
     ),
-    Key(
-        "panel_port",
-        int,
-        10100,
-        "port the panel's web UI listens on (on every address: docs/panel.md)",
-        min=1,
-        max=65535,
-    ),
+    Key("panel_port", int, 10100, "port of the panel's web UI, on every address", min=1, max=65535),
     Key("panel_user", str, "gpubox", "the panel's login user (3 to 30 of a-z A-Z 0-9 _)"),
     Key(
         "panel_entrance",
@@ -489,8 +482,7 @@ KEYS: tuple[Key, ...] = (
         "panel_version_policy",
         str,
         "warn",
-        "an installed panel of another version than the catalog's: 'warn' (kept) or "
-        "'converge' (upgraded or downgraded to it)",
+        "a panel of another version than the catalog's: 'warn' (kept) or 'converge' (to it)",
         choices=("warn", "converge"),
     ),
     Key("panel_dir", str, "/opt", "where the panel keeps its data (<panel_dir>/1panel)"),
