@@ -96,6 +96,7 @@ def test_a_fresh_box_gets_install_shs_steps(plan_of, os_name):
         "Generate the panel's entrance (/etc/gpubox/panel-entrance, root only)",
         "The panel's settings for gpubox-panel (no secret)",
         "gpubox-panel (install.sh's steps)",
+        "The panel's download cache (/var/cache/gpubox/panel)",
         "Download and verify 1panel-v2.3.2-linux-amd64.tar.gz",
         "Unpack 1Panel v2.3.2",
         "1Panel's binaries and 1pctl in /usr/local/bin, links in /usr/bin",
@@ -191,6 +192,7 @@ def test_another_version_is_upgraded_with_panel_version_policy_converge(plan_of)
     plan = plan_of(panel.panel, data, box("ubuntu2404", state=installed("v2.2.5")))
     names = short(plan.names)
     assert names[: names.index("Mask the password in 1pctl (install.sh's Check_Ready)") + 1] == [
+        "The panel's download cache (/var/cache/gpubox/panel)",
         "Download and verify 1panel-v2.3.2-linux-amd64.tar.gz",
         "Unpack 1Panel v2.3.2",
         "Keep 1Panel v2.2.5's files (upgrade backup)",

@@ -191,6 +191,11 @@ def panel() -> None:
     if plan.action in ("install", "upgrade"):
         if not where.curl:
             apt.packages(name="curl for the panel's download", packages=["curl"], update=True)
+        files.directory(
+            name=f"The panel's download cache ({layout.PANEL_CACHE})",
+            path=layout.PANEL_CACHE,
+            mode="0755",
+        )
         files.download(
             name=f"Download and verify {Path(package.tarball).name}",
             src=package.url,
