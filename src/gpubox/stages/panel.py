@@ -122,7 +122,7 @@ def wait_for_panel(port: int, timeout: int):
         seen: set[str] = set()
         while time.monotonic() - start < timeout:
             _, out = host.run_shell_command(probe)
-            seen = set("".join(out.stdout_lines).split()) & {"port", "socket"}
+            seen = set(" ".join(out.stdout_lines).split()) & {"port", "socket"}
             if seen == {"port", "socket"}:
                 logger.info(
                     f"{host.name}: 1Panel answers on port {port} after "
