@@ -273,3 +273,40 @@ def test_a_daemon_json_replaced_by_1panel_gets_the_nvidia_runtime_back(plan_of):
     merged = json.loads(files[layout.DAEMON_JSON])
     assert merged["registry-mirrors"] == ["https://docker.1panel.live"]
     assert merged["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+
+
+class ProbedHost:
+    """A host whose probe of the port and the agent's socket answers ``lines`` (pyinfra's
+    run_shell_command: each line of standard output apart)."""
+
+    name = "box"
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+        self.sent: list[str] = []
+
+    def run_shell_command(self, command: str):
+        from types import SimpleNamespace
+
+        self.sent.append(command)
+        return True, SimpleNamespace(stdout_lines=self.lines if "ss -Htln" in command else [])
+
+
+def test_the_wait_ends_when_the_port_and_the_socket_are_both_there():
+    (command,) = list(panel.wait_for_panel._inner(port=10100, timeout=5))
+    host = ProbedHost(["port", "socket"])
+    command.function(None, host)
+    assert host.sent == [
+        "ss -Htln 'sport = :10100' | grep -q . && echo port; "
+        "test -S /etc/1panel/agent.sock && echo socket; true"
+    ]
+
+
+def test_a_panel_that_does_not_come_up_is_masked_then_fails():
+    from pyinfra.api import OperationError
+
+    (command,) = list(panel.wait_for_panel._inner(port=10100, timeout=1))
+    host = ProbedHost(["port"])
+    with pytest.raises(OperationError, match=r"within 1s \(socket missing\)"):
+        command.function(None, host)
+    assert f"{SCRIPT} mask" in host.sent  # the password in 1pctl masked before the failure
