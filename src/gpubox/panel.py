@@ -118,7 +118,7 @@ def state_command(config: Any) -> str:
         [
             _section("ctl"),
             f"if [ -f {ctl} ]; then grep -E '^({names})=' {ctl}",
-            f"if grep -qx 'ORIGINAL_PASSWORD={MASKED}' {ctl}; then echo PASSWORD=masked; "
+            f"if grep -qxF 'ORIGINAL_PASSWORD={MASKED}' {ctl}; then echo PASSWORD=masked; "
             f"elif grep -q '^ORIGINAL_PASSWORD=' {ctl}; then echo PASSWORD=clear; fi; fi",
             _section("units"),
             f"systemctl show -p Id,LoadState,ActiveState,UnitFileState {units}",

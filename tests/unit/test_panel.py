@@ -232,3 +232,50 @@ def test_the_settings_problems_never_show_the_entrance():
         "/usr/local/bin/1pctl holds the password in clear (not masked)",
     ]
     assert not any("secret_path_1" in f for f in found)
+
+
+def test_the_state_command_reads_1pctl_and_user_info_and_keeps_the_password(tmp_path):
+    """The state fact run in a shell against a 1pctl of the installer's shape (variables at
+    the start of lines, commands that print user-info's lines): the password is only ever
+    reported as masked or clear, the entrance only as the same as gpubox's file or not."""
+    import subprocess
+
+    from gpubox import layout
+
+    config = load_host_config("box", PANEL)
+    entrance = tmp_path / "entrance"
+    entrance.write_text("Entr4nce\n")
+    ctl = tmp_path / "1pctl"
+
+    def run(password: str, address_path: str) -> panel.PanelState:
+        ctl.write_text(
+            "#!/bin/sh\nBASE_DIR=/opt\nORIGINAL_PORT=10100\nORIGINAL_VERSION=v2.3.2\n"
+            f"ORIGINAL_USERNAME=gpubox\nORIGINAL_PASSWORD={password}\nLANGUAGE=en\n"
+            "PANEL_EDITION=intl\n"
+            'case "$1" in\n'
+            f"user-info) printf 'Panel address: http://$LOCAL_IP:10100/{address_path} \\n"
+            f"Panel user: gpubox\\nPanel password: {password}\\n' ;;\n"
+            "version) printf 'version: v2.3.2\\nmode: stable\\n' ;;\nesac\n"
+        )
+        ctl.chmod(0o755)
+        command = (
+            panel.state_command(config)
+            .replace(layout.PANEL_CTL, str(ctl))
+            .replace(layout.PANEL_ENTRANCE, str(entrance))
+        )
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+        assert password not in out.stdout or password == panel.MASKED
+        assert "Entr4nce" not in out.stdout
+        return panel.parse_state(out.stdout)
+
+    masked = run(panel.MASKED, "Entr4nce")
+    assert masked.ctl["PASSWORD"] == "masked" and masked.ctl["ORIGINAL_PORT"] == "10100"
+    assert (masked.port, masked.user, masked.entrance, masked.version) == (
+        10100,
+        "gpubox",
+        "same",
+        "v2.3.2",
+    )
+    clear = run("Clear1234567", "other_path")
+    assert clear.ctl["PASSWORD"] == "clear" and clear.entrance == "differs"
+    assert run(panel.MASKED, "").entrance == "none"
