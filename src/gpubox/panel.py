@@ -296,7 +296,9 @@ class PanelPlan:
     refused: list[str] = field(default_factory=list)  # (key, why) as "key: why"
 
 
-def settings_differ(config: Any, state: PanelState, entrance_changes: bool) -> list[str]:
+def settings_differ(
+    config: Any, state: PanelState, entrance_changes: bool, password_new: bool = False
+) -> list[str]:
     """The settings of an installed panel that differ from the inventory."""
     differs = []
     if state.port != config.panel_port:
@@ -305,13 +307,19 @@ def settings_differ(config: Any, state: PanelState, entrance_changes: bool) -> l
         differs.append(f"panel_user (the panel has {state.user})")
     if entrance_changes or state.entrance != "same":
         differs.append("panel_entrance (the panel's is not gpubox's)")
+    if password_new:
+        differs.append(f"the password ({layout.PANEL_PASSWORD} was missing: a new one is set)")
     if state.ctl.get("PANEL_EDITION", "cn") != config.panel_edition:
         differs.append(f"panel_edition (the panel has {state.ctl.get('PANEL_EDITION', 'cn')})")
     return differs
 
 
 def plan(
-    config: Any, state: PanelState, where: DirState, entrance_changes: bool = False
+    config: Any,
+    state: PanelState,
+    where: DirState,
+    entrance_changes: bool = False,
+    password_new: bool = False,
 ) -> PanelPlan:
     """What the stage does: install, upgrade (panel_version_policy converge), converge the
     settings, or keep; and what it refuses, before anything changes."""
@@ -349,7 +357,7 @@ def plan(
             f"panel_dir: the installed panel keeps its data in {base}/1panel, not "
             f"{run}: set panel_dir: {base!r} (gpubox does not move a panel's data)"
         )
-    result.differs = settings_differ(config, state, entrance_changes)
+    result.differs = settings_differ(config, state, entrance_changes, password_new)
     if result.differs and state.port != config.panel_port and foreign:
         result.refused.append(
             f"panel_port: {config.panel_port} is taken by another program: {foreign[0]}"

@@ -220,6 +220,17 @@ def test_a_port_that_differs_is_converged_through_change_user_info(plan_of):
     assert plan.op("applied at the core's restart") == [f"{SCRIPT} settings use_existing"]
 
 
+def test_a_lost_password_file_is_made_again_and_set_in_the_panel(plan_of):
+    answers = box("debian12", state=installed())
+    answers["/etc/gpubox/panel-password /etc/gpubox/panel-entrance; do"] = [layout.PANEL_ENTRANCE]
+    plan = plan_of(panel.panel, PANEL, answers)
+    assert short(plan.names)[:3] == [
+        "Generate the panel's password (/etc/gpubox/panel-password, root only)",
+        "1Panel's settings in 1pctl, applied at the core's restart (CHANGE_USER_INFO)",
+        "Restart 1panel-core (it applies the settings)",
+    ]
+
+
 @pytest.mark.parametrize(
     "where, message",
     [

@@ -70,11 +70,7 @@ def compose_packages(config: HostConfig, target: Target) -> tuple[list[str], str
 def secret_ops(config: HostConfig) -> bool:
     """The password, generated once; the entrance: the inventory's, or generated once. Both
     root-only files. Returns whether the entrance file will change (the panel's must follow)."""
-    have = read_once(
-        CommandOutput,
-        command=f"for f in {layout.PANEL_PASSWORD} {layout.PANEL_ENTRANCE}; do "
-        'test -s "$f" && echo "$f"; done',
-    ).split()
+    have = secrets_present()
     if layout.PANEL_PASSWORD not in have:
         server.shell(
             name=f"Generate the panel's password ({layout.PANEL_PASSWORD}, root only)",
@@ -92,6 +88,17 @@ def secret_ops(config: HostConfig) -> bool:
         )
         return True
     return False
+
+
+def secrets_present() -> list[str]:
+    """Which of the password and entrance files the box has (not empty)."""
+    return str(
+        read_once(
+            CommandOutput,
+            command=f"for f in {layout.PANEL_PASSWORD} {layout.PANEL_ENTRANCE}; do "
+            'test -s "$f" && echo "$f"; done',
+        )
+    ).split()
 
 
 def generate(path: str, length: int) -> str:
@@ -167,7 +174,9 @@ def panel() -> None:
     entrance_changes = bool(config.panel_entrance) and state.entrance_sha256 != (
         rules.entrance_digest(config.panel_entrance)
     )
-    plan = rules.plan(config, state, where, entrance_changes)
+    # a password file lost on a box with the panel: the new one must reach the panel
+    password_new = state.installed and layout.PANEL_PASSWORD not in secrets_present()
+    plan = rules.plan(config, state, where, entrance_changes, password_new)
     if plan.refused:
         refuse(config, plan.refused)
     for warning in plan.warnings:
