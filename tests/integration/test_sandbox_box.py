@@ -361,7 +361,7 @@ def test_1panel_standins_run_as_services(info: dict[str, Any]) -> None:
         info=info,
     ).stdout
     assert pages.count("<title>loading...</title>") == 1
-    assert pages.count("Access Temporarily Unavailable") == 1
+    assert pages.count("<pre>1pctl user-info</pre>") == 1  # the wrong path's page, once
     out = sandbox.ssh("1pctl version; echo 20411 | 1pctl update port", info=info).stdout
     assert out.startswith("version: v2.3.2\nmode: stable\n") and "Panel Port: 20411" in out
     again = sandbox.ssh(
