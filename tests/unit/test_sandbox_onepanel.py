@@ -334,6 +334,16 @@ def test_first_start_seeds_and_serves_the_entrance(panel: Panel, tmp_path: Path)
     assert f"ORIGINAL_PASSWORD={panel.password}" in panel.ctl.read_text()
 
 
+def test_a_core_without_a_port_says_which_key(panel: Panel) -> None:
+    panel.loopback()
+    panel.set_ctl(ORIGINAL_PORT="port")  # 1pctl's placeholder, as install.sh had not edited it
+    result = subprocess.run(
+        [str(panel.top / "1panel-core")], env=panel.env, capture_output=True, text=True, timeout=20
+    )
+    assert result.returncode != 0
+    assert "ServerPort='port' is not a port (1pctl ORIGINAL_PORT)" in result.stderr
+
+
 def test_defaults_of_a_first_start() -> None:
     core = load_core()
     conn = sqlite3.connect(":memory:", isolation_level=None)
