@@ -70,6 +70,11 @@ def box_data(info):
             # The stand-in dcgm-exporter image, built in the box (sandbox.load_exporter_image)
             # and never pulled: the deploy finds it there, as it finds a mirror user's image.
             "dcgm.exporter_image": info.get("exporter_image", EXPORTER_IMAGE),
+            # The stand-in 1Panel release package (gpubox.sandbox.onepanel) at the real
+            # URL's path shape on the loopback server, and its sha256: a mirror, as a user
+            # sets one (used only by a host with panel: "1panel").
+            "panel.onepanel.url.intl": info["panel_url"],
+            "panel.onepanel.sha256.amd64": info["panel_sha256"],
         },
     }
 

@@ -45,6 +45,8 @@ FULL_STAGES = (
     "backend",
     # after the server: the timer that restarts it when it hangs (docs/watchdog.md)
     "watchdog",
+    # the optional server panel (docs/panel.md), on the Docker of the stages above
+    "panel",
     "verify",
 )
 STAGES_ENV = "GPUBOX_STAGES"

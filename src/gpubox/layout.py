@@ -93,3 +93,17 @@ WATCHDOG_TIMER_FILE = f"{SYSTEMD_DIR}/{WATCHDOG_TIMER}"
 WATCHDOG_SCRIPT = "/usr/local/lib/gpubox/gpubox-watchdog"
 WATCHDOG_CONFIG = "/etc/gpubox/watchdog.json"  # its settings (no secret: the key stays in its file)
 WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"
+
+# --- the optional server panel, 1Panel v2 (gpubox.stages.panel, docs/panel.md). Its own
+# paths are the installer's (1Panel-dev/installer install.sh); gpubox keeps its secrets and
+# the downloaded package.
+PANEL_PASSWORD = "/etc/gpubox/panel-password"  # root only: the panel's login password
+PANEL_ENTRANCE = "/etc/gpubox/panel-entrance"  # root only: the security entrance (a secret path)
+PANEL_CACHE = f"{CACHE_DIR}/panel"  # the verified release tarballs, kept for re-runs
+PANEL_MARKER = ".gpubox-panel"  # in <panel_dir>/1panel: gpubox installed there
+PANEL_CORE = "1panel-core"  # the units (and the binaries' names)
+PANEL_AGENT = "1panel-agent"
+PANEL_CTL = "/usr/local/bin/1pctl"  # the control script that holds the settings
+PANEL_BIN_DIR = "/usr/local/bin"
+PANEL_LANG_DIR = "/usr/local/bin/lang"
+PANEL_AGENT_SOCKET = "/etc/1panel/agent.sock"

@@ -8,10 +8,15 @@ one box."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
+import panel_record
 import pytest
 from conftest import box_sh
 
-from gpubox import demo, inventory
+from gpubox import demo, inventory, layout
 from gpubox.config import HostConfig, load_host_config
 from gpubox.stages import llamacpp_build
 from gpubox.stages import model as model_stage
@@ -125,6 +130,86 @@ def test_a_deleted_gpu_burn_is_rebuilt():
     run = redeploy()
     assert [n for n in run.changed_names if "Build gpu-burn" in n]
     assert failing("tools.gpu-burn") == {}
+
+
+# The optional server panel (1Panel v2, docs/panel.md) on the converged box: deploy/panel.py
+# alone, with panel: "1panel" set through a derived inventory (the sandbox's stand-in release
+# package through catalog_overrides, inventories/sandbox.py). The panel is left installed and
+# running: the sandbox inventory's panel is "none", so the final deploy below leaves it alone
+# and its checks do not apply.
+
+PANEL_INSTALL_SH_MARK = "/var/lib/gpubox-standin/1panel-install-sh-ran"
+
+
+@pytest.fixture(scope="module")
+def panel_inventory(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("panel") / "sandbox_panel.py"
+    path.write_text(
+        "import runpy\n"
+        f"hosts = runpy.run_path({str(demo.ROOT / demo.INVENTORY)!r})['hosts']\n"
+        "hosts = [(name, {**data, 'panel': '1panel'}) for name, data in hosts]\n"
+    )
+    return str(path)
+
+
+def panel_checks(inventory_file: str) -> demo.CheckRun:
+    run = demo.checks(inventory=inventory_file, extra=("-k", "panel"))
+    assert run.passed + run.failed == 4, run.output[-2000:]
+    return run
+
+
+def gpubox_doctor(inventory_file: str) -> str:
+    argv = demo.in_netns([sys.executable, "-m", "gpubox.doctor", inventory_file])
+    proc = subprocess.run(argv, cwd=demo.ROOT, text=True, capture_output=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_the_panel_installs_without_its_installer_on_gpuboxs_docker(panel_inventory):
+    daemon_before = box_sh(f"cat {layout.DAEMON_JSON}")
+    run = demo.deploy("deploy/panel.py", inventory=panel_inventory)
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    assert [n for n in run.changed_names if "Mask the password in 1pctl" in n], run.changed_names
+    checks = panel_checks(panel_inventory)
+    assert checks.failed == 0, checks.failures
+    password = box_sh(f"cat {layout.PANEL_PASSWORD}").strip()
+    assert box_sh(f"stat -c '%U %a' {layout.PANEL_PASSWORD} {layout.PANEL_ENTRANCE}").split("\n")[
+        :2
+    ] == ["root 600", "root 600"]
+    problems = panel_record.check(
+        lambda script: box_sh("bash -s", stdin=script),
+        base_dir="/opt",
+        version=demo.box_info()["panel_version"],
+        password=password,
+    )
+    assert not problems, "\n".join(problems)
+    assert password not in run.output
+    # 1Panel's install.sh never ran (the stand-in's marks a run), Docker is gpubox's own
+    assert box_sh(f"test -e {PANEL_INSTALL_SH_MARK} && echo ran || echo never").strip() == "never"
+    assert box_sh(f"cat {layout.DAEMON_JSON}") == daemon_before
+    assert "nvidia" in json.loads(daemon_before)["runtimes"]
+    assert box_sh("docker info --format '{{.ServerVersion}}'").strip()
+    # the verified tarball is kept for a re-run, the unpacked package is not
+    cached = box_sh(f"ls {layout.PANEL_CACHE}").split()
+    assert cached == [f"1panel-{demo.box_info()['panel_version']}-linux-amd64.tar.gz"], cached
+
+
+def test_a_panel_redeploy_changes_nothing(panel_inventory):
+    run = demo.deploy("deploy/panel.py", inventory=panel_inventory)
+    assert run.no_change, f"changed: {run.changed_names}\n{run.output[-2000:]}"
+
+
+def test_a_stopped_panel_is_named_by_the_checks_and_doctor_and_started_again(panel_inventory):
+    box_sh(f"systemctl stop {layout.PANEL_CORE}")
+    failed = panel_checks(panel_inventory).failures
+    assert "1panel-core is inactive and enabled" in failed["panel.services"], failed
+    text = gpubox_doctor(panel_inventory)
+    assert "Panel     1Panel v2.3.2, core inactive/enabled" in text, text
+    assert "[panel.services] " in text and "1panel-core is inactive" in text
+    run = demo.deploy("deploy/panel.py", inventory=panel_inventory)
+    assert run.rc == 0 and [n for n in run.changed_names if "1panel-core running" in n]
+    assert [n for n in run.changed_names if "(1panel-core started)" in n], run.changed_names
+    assert panel_checks(panel_inventory).failed == 0
 
 
 def test_after_the_repairs_a_deploy_changes_nothing_and_every_check_passes():

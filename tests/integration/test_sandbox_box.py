@@ -1,6 +1,7 @@
 """The sandbox box end to end: up, SSH, systemd, the stand-in NVIDIA repositories, a real
-reboot, Docker with the stand-in container toolkit, DCGM, the gpu-burn tarball, llama.cpp's
-source tarball, the tiny model and the compiler cache, and a down that leaves nothing behind.
+reboot, Docker with the stand-in container toolkit, DCGM, the gpu-burn tarball, the 1Panel
+package, llama.cpp's source tarball, the tiny model and the compiler cache, and a down that
+leaves nothing behind.
 
 The tests run in file order against one box. The first run on a machine builds the root
 filesystem (about 75 s on 2 cores) and fetches llama-cpp-python's sdist (the catalog's
@@ -21,11 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import panel_record
 import pytest
 
 import gpubox
 from gpubox import catalog, sandbox
-from gpubox.sandbox import box, cli
+from gpubox.sandbox import box, cli, onepanel
 
 pytestmark = pytest.mark.integration
 
@@ -299,6 +301,83 @@ def test_gpu_burn_tarball(info: dict[str, Any]) -> None:
     assert out[2] == f"gpu-burn-{commit}/"  # GitHub's archive layout
     served = Path(info["repo_root"]) / "github/wilicc/gpu-burn/archive" / f"{commit}.tar.gz"
     assert hashlib.sha256(served.read_bytes()).hexdigest() == info["gpu_burn_sha256"]
+
+
+def test_1panel_package_is_served(info: dict[str, Any]) -> None:
+    """The stand-in 1Panel package at the real URL's path shape, its goreleaser checksums.txt
+    and latest file (onepanel.py), and the box's python3 has sqlite3 for the stand-in core."""
+    version, arch = info["panel_version"], info["panel_arch"]
+    url = info["panel_url"].format(version=version, arch=arch)
+    name = f"1panel-{version}-linux-{arch}.tar.gz"
+    assert url.endswith(f"/1panel/v2/stable/{version}/release/{name}")
+    out = sandbox.ssh(
+        f"cd /tmp && curl -fsS -o {name} {url} && sha256sum {name} "
+        f"&& curl -fsS {info['panel_checksums_url']} && curl -fsS {info['panel_latest_url']} "
+        f"&& echo && tar tzf {name} | head -1 && python3 -c 'import sqlite3' && echo sqlite3",
+        info=info,
+    ).stdout.splitlines()
+    assert out[0] == f"{info['panel_sha256']}  {name}"
+    assert out[1] == out[0]  # checksums.txt: sha256sum's own format
+    assert out[2:] == [version, f"1panel-{version}-linux-{arch}/", "sqlite3"]
+
+
+# What 1Panel's install.sh (Init_Panel, Check_Ready) does with the package, in shell, so that
+# the stand-ins are seen running under the box's systemd and tests/panel_record.py is seen
+# accepting such a box. A test's own layout, not gpubox's stage.
+PANEL_LAYOUT = r"""
+set -e
+PW='Pw_t3st_only'
+cd /tmp && rm -rf 1panel-* && curl -fsS -o p.tgz "$URL" && tar xzf p.tgz && cd 1panel-*/
+install -m 755 1panel-core 1panel-agent 1pctl /usr/local/bin/
+ln -sf /usr/local/bin/1panel-core /usr/bin/1panel
+for n in 1panel-core 1panel-agent 1pctl; do
+    [ -e /usr/bin/$n ] || ln -s /usr/local/bin/$n /usr/bin/$n
+done
+set_ctl() {  # KEY VALUE, with builtins only (no value on a command line)
+    mapfile -t L </usr/local/bin/1pctl
+    for i in "${!L[@]}"; do [[ "${L[$i]}" == "$1="* ]] && L[$i]="$1=$2"; done
+    printf '%s\n' "${L[@]}" >/usr/local/bin/1pctl
+}
+set_ctl BASE_DIR /opt; set_ctl ORIGINAL_PORT "$PORT"; set_ctl ORIGINAL_USERNAME box_admin
+set_ctl ORIGINAL_PASSWORD "$PW"; set_ctl ORIGINAL_ENTRANCE "$ENTRANCE"; set_ctl PANEL_EDITION intl
+mkdir -p /opt/1panel/geo /opt/1panel/resource && cp GeoIP.mmdb /opt/1panel/geo/
+cp -r lang /usr/local/bin/ && cp initscript/1panel-core.service initscript/1panel-agent.service \
+    /etc/systemd/system/
+systemctl daemon-reload && systemctl enable -q 1panel-core 1panel-agent
+systemctl start 1panel-core 1panel-agent && cp -r initscript /opt/1panel/resource/
+for i in $(seq 50); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.2; done
+for i in $(seq 50); do [ -S /etc/1panel/agent.sock ] && break; sleep 0.2; done
+set_ctl ORIGINAL_PASSWORD '**********'
+rm -rf /tmp/1panel-* /tmp/p.tgz
+"""
+
+
+def test_1panel_standins_run_as_services(info: dict[str, Any]) -> None:
+    url = info["panel_url"].format(version=info["panel_version"], arch=info["panel_arch"])
+    env = f"URL={url} PORT=20410 ENTRANCE=s3cretway\n"
+    sandbox.ssh(["bash", "-s"], info=info, input=env + PANEL_LAYOUT, timeout=120)
+    pages = sandbox.ssh(
+        "curl -fsS http://127.0.0.1:20410/s3cretway; curl -fsS http://127.0.0.1:20410/",
+        info=info,
+    ).stdout
+    assert pages.count("<title>loading...</title>") == 1
+    assert pages.count("<pre>1pctl user-info</pre>") == 1  # the wrong path's page, once
+    out = sandbox.ssh("1pctl version; echo 20411 | 1pctl update port", info=info).stdout
+    assert out.startswith("version: v2.3.2\nmode: stable\n") and "Panel Port: 20411" in out
+    again = sandbox.ssh(
+        "for i in $(seq 50); do curl -fsS http://127.0.0.1:20411/s3cretway && break; sleep 0.2;"
+        " done",
+        info=info,
+    )
+    assert "first-loading-wrap" in again.stdout
+
+    def run(script: str) -> str:
+        return sandbox.ssh(["bash", "-s"], info=info, input=script, timeout=120).stdout
+
+    problems = panel_record.check(run, "/opt", "v2.3.2", password="Pw_t3st_only", services=True)
+    assert problems == []
+    ran = sandbox.ssh(f"test -e {onepanel.INSTALL_SH_RAN}", check=False, info=info)
+    assert ran.returncode == 1  # install.sh never ran
 
 
 def test_llamacpp_source_and_tiny_model_are_served(info: dict[str, Any]) -> None:

@@ -55,6 +55,7 @@ CONFIGS = {
             "backend": "vllm",
             "dcgm_exporter": True,
             "docker_users": ["alice"],
+            "panel": "1panel",
         },
     ),
 }
@@ -68,6 +69,10 @@ SKIPPED = {
         "vllm.caches",
         "vllm.warm",
         "vllm.compat",
+        "panel.services",
+        "panel.socket",
+        "panel.login",
+        "panel.settings",
     },
     "vllm": {
         "backend.slots",
@@ -568,6 +573,21 @@ FAULTS: dict[str, Fault] = {
             "ActiveState=inactive\nUnitFileState=disabled",
         ),
     ),
+    "panel.services": Fault(
+        "panel",
+        replace(
+            "ActiveState=active\nUnitFileState=enabled", "ActiveState=failed\nUnitFileState=enabled"
+        ),
+        "vllm",
+    ),
+    "panel.socket": Fault("panel", replace("@@gpubox socket\nyes", "@@gpubox socket\nno"), "vllm"),
+    # a wrong entrance: 1Panel's "Access Temporarily Unavailable" page, with status 200
+    "panel.login": Fault(
+        "panel",
+        replace("status=200\nmark=0\nmark=1\nmark=2\n", "status=200\nunavailable\n"),
+        "vllm",
+    ),
+    "panel.settings": Fault("panel", replace("user=gpubox", "user=admin"), "vllm"),
     "vllm.container": Fault(
         "vllm_inspect", edit_json(_set("0.Config.Image", "vllm/vllm-openai:latest")), "vllm"
     ),

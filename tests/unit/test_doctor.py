@@ -60,6 +60,32 @@ def section(name: str, text: str) -> str:
     return f"{SECTION}{name}\n{text}"
 
 
+def panel_converged(config: HostConfig = CONFIG) -> str:
+    """gpubox.panel's state fact on a box with 1Panel converged: 1pctl's variables (the
+    password masked), both units active and enabled, `1pctl user-info` filtered on the box,
+    the version, the agent's socket, the entrance file's digest and the login page (its three
+    marks, status 200)."""
+    from gpubox import panel
+
+    port, user = config.panel_port, config.panel_user
+    unit = "Id={}.service\nLoadState=loaded\nActiveState=active\nUnitFileState=enabled\n"
+    return (
+        section(
+            "ctl",
+            f"BASE_DIR=/opt\nORIGINAL_PORT={port}\nORIGINAL_VERSION=v2.3.2\n"
+            f"ORIGINAL_USERNAME={user}\nLANGUAGE=en\nPANEL_EDITION=intl\nPASSWORD=masked\n",
+        )
+        + section("units", unit.format("1panel-core") + "\n" + unit.format("1panel-agent"))
+        + section("info", f"port={port}\nuser={user}\nentrance=same\n")
+        + section("version", "v2.3.2\n")
+        + section("socket", "yes\n")
+        + section(
+            "entrance_file", (panel.entrance_digest(config.panel_entrance) or "0" * 64) + "\n"
+        )
+        + section("page", "status=200\nmark=0\nmark=1\nmark=2\n")
+    )
+
+
 # The watchdog's fact on a converged box: its timer active, its record of runs without a restart.
 WATCHDOG_CONVERGED = section(
     "timer",
@@ -362,6 +388,7 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
         + section("bench present", ""),
         "model_state": f"marker={plan.stamp} {MODEL_STAT}\nfile={MODEL_STAT}\n",
         "watchdog": WATCHDOG_CONVERGED,
+        "panel": panel_converged(config),
         **api_outputs(config),
         **vllm_outputs(config),
     }
@@ -507,7 +534,7 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
     assert "Burn-in   passed 2026-02-27T10:00:00+00:00, 2 day(s) ago (GPU 0 OK, GPU 1 OK)" in text
     assert view["gpus"]["gpus"][1]["power_limit_w"] == 300.0
     skipped = {v.check for v in verdicts if v.status == "skip"}
-    # no docker_users; no exporter; llama.cpp built for the CPU; the vLLM checks
+    # no docker_users; no exporter; llama.cpp built for the CPU; the vLLM checks; no panel
     assert skipped == {
         "docker.users",
         "dcgm.exporter",
@@ -516,7 +543,12 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
         "vllm.container",
         "vllm.caches",
         "vllm.warm",
+        "panel.services",
+        "panel.socket",
+        "panel.login",
+        "panel.settings",
     }
+    assert "Panel" not in text
     active = sum(c.active for c in checks.ALL)
     assert (
         f"Checks    {len(verdicts) - len(skipped)} passed, 0 failed, {len(skipped)} not "
@@ -910,3 +942,29 @@ def test_doctor_asks_the_api_with_the_key_on_curls_stdin_never_in_an_argument(tm
         server.server_close()
     assert seen == [f"Bearer {key}", None]
     assert key not in log.read_text() and "--config" in log.read_text()
+
+
+def test_the_panel_line_and_a_stopped_panel(tmp_path: Path):
+    """With panel: "1panel" doctor shows the panel's line; a stopped core (systemctl stop
+    1panel-core) is named in the line and in a finding with its fix; the entrance and the
+    password never show."""
+    config = load_host_config("box", {"nvlink_links": 2, "llamacpp_cuda": False, "panel": "1panel"})
+    host = StandinHost(tmp_path, config)
+    view, verdicts, text = check(host, config)
+    assert failed(verdicts) == {}
+    assert (
+        "Panel     1Panel v2.3.2, core active/enabled, agent active/enabled, port 10100, "
+        "agent socket there, login page answers\n"
+    ) in text
+    host.outputs["panel"] = str(host.outputs["panel"]).replace(
+        "ActiveState=active\nUnitFileState=enabled",
+        "ActiveState=inactive\nUnitFileState=enabled",
+        1,
+    )
+    view, verdicts, text = check(host, config)
+    assert "Panel     1Panel v2.3.2, core inactive/enabled, agent active/enabled" in text
+    assert failed(verdicts) == {
+        "panel.services": "box: 1panel-core is inactive and enabled -> journalctl -u 1panel-core "
+        f"-n 30; systemctl enable --now 1panel-core; {deploy('panel')}"
+    }
+    assert "password" not in text.lower().replace("masked", "")

@@ -4,7 +4,7 @@
 - ``core``: Fact, Check, Verdict, the lazily read ``Facts`` of a host, ``judge``.
 - ``facts``: every command a check or doctor reads on a host, and its parser.
 - ``driver``, ``secure_boot``, ``cuda``, ``docker``, ``dcgm``, ``tools``, ``backend``,
-  ``watchdog``: the checks, by stage.
+  ``watchdog``, ``panel``: the checks, by stage.
 
 A check's id is "area.what" (``driver.held``); ``ALL`` lists them in stage order."""
 
@@ -28,6 +28,7 @@ from gpubox.checks.cuda import CHECKS as _CUDA
 from gpubox.checks.dcgm import CHECKS as _DCGM
 from gpubox.checks.docker import CHECKS as _DOCKER
 from gpubox.checks.driver import CHECKS as _DRIVER
+from gpubox.checks.panel import CHECKS as _PANEL
 from gpubox.checks.secure_boot import CHECKS as _SECURE_BOOT
 from gpubox.checks.tools import CHECKS as _TOOLS
 from gpubox.checks.watchdog import CHECKS as _WATCHDOG
@@ -42,6 +43,7 @@ ALL: list[Check] = [
     *_TOOLS,
     *_BACKEND,
     *_WATCHDOG,
+    *_PANEL,
 ]
 BY_ID = {check.id: check for check in ALL}
 assert len(BY_ID) == len(ALL), "two checks share an id"

@@ -10,7 +10,7 @@ import json
 import shlex
 from typing import Any
 
-from gpubox import kernels, layout, parsers, secure_boot, users
+from gpubox import kernels, layout, panel, parsers, secure_boot, users
 from gpubox.checks.core import Fact, fact
 from gpubox.config import HostConfig, Target
 from gpubox.parsers.secure_boot import parse_mok_state
@@ -108,6 +108,11 @@ def _serving(command: Any) -> Any:
 
 def _llamacpp(command: Any) -> Any:
     return lambda c, t: command(c, t) if c.backend == "llamacpp" else None
+
+
+def _panel(config: HostConfig, target: Target | None) -> str | None:
+    """Only with a panel."""
+    return panel.state_command(config) if config.panel != "none" else None
 
 
 def _policy(config: HostConfig, target: Target | None) -> str | None:
@@ -392,4 +397,7 @@ fact(
     Fact("vllm_inspect", _vllm(f"docker inspect {layout.VLLM}"), parse_inspect),
     Fact("vllm_cache_files", _vllm_cache_files, parse_sections),
     Fact("vllm_compat", _vllm_compat, active=True),
+    # the optional server panel (gpubox.panel): units, 1pctl, user-info filtered on the box,
+    # the agent's socket and the login page on the entrance
+    Fact("panel", _panel, panel.parse_state),
 )

@@ -452,6 +452,40 @@ KEYS: tuple[Key, ...] = (
         min=0,
         max=86400,
     ),
+    # The optional server panel (gpubox.stages.panel, docs/panel.md)
+    Key(
+        "panel",
+        str,
+        "none",
+        "a server panel on the box's Docker: 'none' or '1panel' (1Panel v2; docs/panel.md)",
+        choices=("none", "1panel"),
+    ),
+    Key("panel_port", int, 10100, "port of the panel's web UI, on every address", min=1, max=65535),
+    Key("panel_user", str, "gpubox", "the panel's login user (3 to 30 of a-z A-Z 0-9 _)"),
+    Key(
+        "panel_entrance",
+        str,
+        None,
+        "the panel's security entrance, the secret path of its login page (3 to 30 of "
+        "a-z A-Z 0-9 _; default: generated once on the box, kept root-only in "
+        "/etc/gpubox/panel-entrance)",
+    ),
+    Key(
+        "panel_edition",
+        str,
+        "intl",
+        "'intl' (resource.1panel.pro) or 'cn' (resource.fit2cloud.com): the download host and "
+        "the panel's edition",
+        choices=("intl", "cn"),
+    ),
+    Key(
+        "panel_version_policy",
+        str,
+        "warn",
+        "a panel of another version than the catalog's: 'warn' (kept) or 'converge' (to it)",
+        choices=("warn", "converge"),
+    ),
+    Key("panel_dir", str, "/opt", "where the panel keeps its data (<panel_dir>/1panel)"),
     Key(
         "catalog_overrides",
         dict,

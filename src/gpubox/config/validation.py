@@ -167,6 +167,7 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
 
     problems += backend_problems(host, values, host_catalog, invalid)
     problems += _docker_users_problems(host, values, valid)
+    problems += _panel_problems(host, data, values, valid)
     problems += _advice(host, data, values, valid)
 
     errors = [p for p in problems if p.severity == "error"]
@@ -252,6 +253,56 @@ def _docker_users_problems(
             Problem(host, "docker_users", f"lists {', '.join(twice)} twice", severity="warning")
         ]
     return []
+
+
+# 1Panel's rule for the user and the entrance (1Panel-dev/installer install.sh at
+# aa4a6bbf24ae0fd938b32294672f5086f940e483, Set_Entrance and Set_Username).
+PANEL_NAME = re.compile(r"[a-zA-Z0-9_]{3,30}")
+# nv-hostengine's port on the box (gpubox.stages.dcgm.HOSTENGINE_PORT; a unit test keeps
+# them equal): the panel must not take it.
+HOSTENGINE_PORT = 5555
+
+
+def _panel_problems(
+    host: str, data: Mapping[str, Any], values: dict[str, Any], valid: Callable[..., bool]
+) -> list[Problem]:
+    """The panel's user, entrance and directory, and a port no other service of the box
+    takes (checked only with a panel)."""
+    if values["panel"] == "none":
+        return []
+    found: list[Problem] = []
+    for name in ("panel_user", "panel_entrance"):
+        value = values[name]
+        if valid(name) and value is not None and not PANEL_NAME.fullmatch(value):
+            found.append(
+                Problem(host, name, f"must be 3 to 30 of a-z, A-Z, 0-9 and _, got {value!r}")
+            )
+    path = values["panel_dir"]
+    if valid("panel_dir") and (
+        not re.fullmatch(r"/[A-Za-z0-9._/-]*", path) or path.rstrip("/") == "" or ".." in path
+    ):
+        found.append(
+            Problem(host, "panel_dir", f"must be an absolute directory like '/opt', got {path!r}")
+        )
+    if valid("panel_port"):
+        port = values["panel_port"]
+        taken = {
+            "api_port": values["api_port"] if valid("api_port") else None,
+            "ssh_port": int(data.get("ssh_port") or 22),
+            "nv-hostengine (DCGM)": HOSTENGINE_PORT,
+        }
+        if values["dcgm_exporter"] and valid("dcgm_exporter_port"):
+            taken["dcgm_exporter_port"] = values["dcgm_exporter_port"]
+        for who, other in taken.items():
+            if port == other:
+                found.append(
+                    Problem(
+                        host,
+                        "panel_port",
+                        f"{port} is also {who}'s port: choose another for the panel",
+                    )
+                )
+    return found
 
 
 BACKEND_NAMES = {"llamacpp": "llama.cpp", "vllm": "vLLM"}

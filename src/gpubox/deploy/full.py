@@ -17,6 +17,7 @@ from gpubox.stages.dcgm import dcgm
 from gpubox.stages.docker import docker
 from gpubox.stages.driver import driver
 from gpubox.stages.model import model_download
+from gpubox.stages.panel import panel
 from gpubox.stages.tools import tools
 from gpubox.stages.vllm_image import vllm_image_pull
 from gpubox.stages.watchdog import watchdog
@@ -35,6 +36,7 @@ STAGES = {
         tools,
         backend,
         watchdog,
+        panel,
         verify,
     )
 }

@@ -87,6 +87,20 @@ def format_watchdog(watchdog: dict[str, Any]) -> str:
     return text
 
 
+def format_panel(panel: dict[str, Any]) -> str:
+    """The server panel's line: version, units, port, socket, login page."""
+    if panel.get("error"):
+        return f"1Panel: {panel['error']}"
+    if not panel["installed"]:
+        return "1Panel not installed"
+    units = ", ".join(f"{u.removeprefix('1panel-')} {s}" for u, s in panel["units"].items())
+    return (
+        f"1Panel {panel['version'] or '?'}, {units}, port {panel['port'] or '?'}, agent socket "
+        f"{'there' if panel['socket'] else 'MISSING'}, login page "
+        f"{'answers' if panel['login'] else 'NOT answering'}"
+    )
+
+
 def render_text(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> str:
     """One screen for one host: its view, then every failed check with its fix."""
     findings = [v for v in verdicts if v.failed]
@@ -206,6 +220,10 @@ def render_text(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> str
     watchdog = view.get("watchdog")
     if watchdog is not None and (watchdog["wanted"] or watchdog["active"] == "active"):
         w(f"Watchdog  {format_watchdog(watchdog)}")
+
+    panel = view.get("panel")
+    if panel is not None:
+        w(f"Panel     {format_panel(panel)}")
 
     burnin = view["burnin"]
     if not burnin["record"]:

@@ -377,6 +377,27 @@ def _describe_watchdog(facts: Mapping[str, Output], config: HostConfig) -> dict[
     return view
 
 
+def _describe_panel(facts: Mapping[str, Output], config: HostConfig) -> dict[str, Any] | None:
+    """The server panel (gpubox.panel), when the inventory asks for one: its version, units,
+    port, agent socket and login page (never its entrance or password)."""
+    from gpubox.panel import parse_state
+
+    if config.panel == "none":
+        return None
+    out = facts.get("panel")
+    if out is None or out.rc != 0:
+        return {"error": "not read"}
+    state = parse_state(out.stdout)
+    return {
+        "installed": state.installed,
+        "version": state.installed_version,
+        "units": {u: "/".join(state.unit(u)) for u in ("1panel-core", "1panel-agent")},
+        "port": state.port,
+        "socket": state.socket,
+        "login": state.page == "login" and state.page_status == 200,
+    }
+
+
 def _describe_burnin(facts: Mapping[str, Output], now: datetime.datetime) -> dict[str, Any]:
     out = facts.get("burnin")
     if out is None or out.rc != 0:
@@ -459,5 +480,6 @@ def describe(
         "dcgm": _describe_dcgm(facts, services),
         "backend": _describe_backend(facts, config, services, last_bench),
         "watchdog": _describe_watchdog(facts, config),
+        "panel": _describe_panel(facts, config),
         "burnin": _describe_burnin(facts, now),
     }

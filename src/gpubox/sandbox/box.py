@@ -1184,9 +1184,9 @@ def _nspawn_record(sdir: Path) -> dict[str, int] | None:
 def ensure_served_files(progress: Progress = _quiet) -> tuple[dict[str, Path], dict[str, Any]]:
     """What the loopback server publishes beside the stand-in repositories, from caches of
     their own: the catalog's llama.cpp source (PyPI's llama-cpp-python sdist, unchanged, at a
-    path that mirrors files.pythonhosted.org) and the tiny GGUF model. Returns (URL path ->
-    file, the box.json facts)."""
-    from gpubox.sandbox import llamacpp, tinymodel
+    path that mirrors files.pythonhosted.org), the tiny GGUF model and the stand-in 1Panel
+    release package (onepanel.py). Returns (URL path -> file, the box.json facts)."""
+    from gpubox.sandbox import llamacpp, onepanel, tinymodel
 
     try:
         source = llamacpp.ensure_sdist(cache_dir() / "llamacpp", progress)
@@ -1198,7 +1198,9 @@ def ensure_served_files(progress: Progress = _quiet) -> tuple[dict[str, Path], d
         source["served_path"]: Path(source["path"]),
         tinymodel.URL_PATH: Path(model["path"]),
     }
-    facts = {
+    panel = onepanel.ensure(cache_dir() / "1panel")
+    files.update(panel["files"])
+    facts: dict[str, Any] = {
         # the only llama.cpp override of the sandbox inventory: a PyPI mirror's URL
         "llamacpp_url": server + source["served_path"],
         "model_url": server + tinymodel.URL_PATH,
@@ -1206,6 +1208,7 @@ def ensure_served_files(progress: Progress = _quiet) -> tuple[dict[str, Path], d
         "model_sha256": model["sha256"],
         "model_size": model["size"],
         "model_reply": model["reply"],
+        **onepanel.facts(server, panel),
     }
     return files, facts
 
