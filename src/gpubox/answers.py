@@ -24,11 +24,40 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyinfra import host, logger
 from pyinfra.api import FactBase
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import files
 
-from gpubox import apt_versions, layout
+from gpubox import apt_versions, driver_plan, layout
+from gpubox.apt_sources import source_line
 from gpubox.config import HostConfig, Target
-from gpubox.offers import PinnedSet, RepoIndex, RepoOffers, pinned_sets, trusted_source_line
+from gpubox.facts import read_once
+from gpubox.offers import (
+    PinnedSet,
+    RepoIndex,
+    parse_query,
+    pinned_sets,
+    query_command,
+    trusted_source_line,
+)
+from gpubox.rendering import as_file
+
+
+class RepoOffers(FactBase[RepoIndex]):
+    """What one apt repository offers (gpubox.offers' query, in a private apt root); read-only
+    for the host's apt: only /var/cache/gpubox/apt-query/<name> is written."""
+
+    readahead = False  # it asks the repository (apt-get update): never read ahead
+
+    def command(  # type: ignore[override]
+        self, repo: str, source_line: str, packages: tuple[str, ...], at_version: str = ""
+    ) -> str:
+        return query_command(repo, source_line, packages, at_version)
+
+    def process(self, output: list[str]) -> RepoIndex:
+        return parse_query(output)
+
 
 KEPT_FORMAT = 1  # the kept file's layout; another one is not read (every repository asked)
 
@@ -60,8 +89,6 @@ class Question:
 
 def questions(config: HostConfig, target: Target, sets: Sequence[PinnedSet]) -> list[Question]:
     """One question per repository the pinned sets and the driver need."""
-    from gpubox.stages.apt_repo import source_line
-
     driver = config.driver_packages(target.family)
     wanted: dict[str, set[str]] = {"nvidia_cuda": set(driver.installed + driver.refused)}
     for pinned in sets:
@@ -157,8 +184,6 @@ def reasons_to_ask(
     installed: Mapping[str, Sequence[str]],
 ) -> dict[str, str | None]:
     """Pure: per repository, why it must be asked (None: its kept answer changes nothing)."""
-    from gpubox import driver_plan
-
     reasons: dict[str, str | None] = {}
     for question in asked:
         entry = kept.answers.get(question.repo)
@@ -237,11 +262,6 @@ def ask(
 ) -> tuple[list[PinnedSet], dict[str, RepoIndex]]:
     """The current host's answer for every repository the pinned sets and the driver need:
     kept from an earlier run where it changes nothing (``reasons_to_ask``), asked otherwise."""
-    from pyinfra import host, logger
-    from pyinfra.facts.deb import DebPackages
-
-    from gpubox.facts import read_once
-
     sets = pinned_sets(config, target, docker_engine)
     asked = questions(config, target, sets)
     kept = read_once(KeptOffers)  # preflight read it with its other facts (prefetch)
@@ -271,11 +291,6 @@ def keep_answers() -> None:
     kept ones: once per run, at the end of the first stage that calls it (the stages that
     install from these repositories do). A refused run never gets there and writes nothing;
     a stage's own first operations (a runfile's uninstall, the desktop's warnings) come first."""
-    from pyinfra import host
-    from pyinfra.operations import files
-
-    from gpubox.stages import as_file
-
     text = _kept.get(host.state, {}).pop(host.name, None)
     if text is None:
         return
@@ -289,6 +304,4 @@ def keep_answers() -> None:
 
 def answer(repo: str) -> RepoIndex:
     """The current host's answer for ``repo`` in this run (asked by preflight, or kept)."""
-    from pyinfra import host
-
     return _answers[host.state][host.name][repo]

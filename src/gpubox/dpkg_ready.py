@@ -34,10 +34,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import gevent
+from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 
 from gpubox import layout
 from gpubox.config import HostConfig, Problem
+from gpubox.errors import DeployRefused
+from gpubox.operations import ManagedFiles
 
 # Order matters only for the messages: the frontend lock is the one apt waits on first.
 LOCKS = (
@@ -203,8 +207,6 @@ def wait_until_free(
     """Probe until dpkg is free; return the seconds waited. Logs the holder at once, then
     every ``report_every`` seconds; past ``timeout`` raises DeployRefused naming the host, the
     lock, its holder and the key."""
-    from gpubox.stages import DeployRefused
-
     timeout = max(0, timeout)
     start = clock()
     reported: float | None = None
@@ -357,8 +359,6 @@ def recovery_commands(lock_timeout: int) -> list[str]:
 def recover_dpkg(lock_timeout: int):
     """`dpkg --configure -a`, then `apt-get -f install` (reinstalling what dpkg cannot
     configure), when dpkg's last run was interrupted."""
-    from pyinfra import host
-
     state = host.get_fact(DpkgInterrupted)
     if not state.interrupted:
         host.noop("dpkg is consistent")
@@ -393,18 +393,15 @@ _prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary(
 def prepare(config: HostConfig) -> None:
     """Once per host and run, before any stage's operation: wait for dpkg (or refuse), then
     add apt's lock timeout file and, when dpkg was interrupted, its recovery."""
-    from gevent import sleep
-    from pyinfra import host, logger
-
-    from gpubox.stages import ManagedFiles
-
     done = _prepared.setdefault(host.state, set())
     if host.name in done:
         return
     done.add(host.name)
 
     timeout = int(config.apt_lock_timeout)
-    wait_until_free(host.name, timeout, lambda: host.get_fact(DpkgLocks), logger.info, sleep=sleep)
+    wait_until_free(
+        host.name, timeout, lambda: host.get_fact(DpkgLocks), logger.info, sleep=gevent.sleep
+    )
 
     managed = ManagedFiles({layout.DPKG_LOCK_CONF: lock_timeout_conf(timeout)})
     managed.put(f"apt-get waits up to {timeout} s for dpkg's lock", layout.DPKG_LOCK_CONF)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpubox.config import HostConfig, Target
+from gpubox.rendering import render
 
 
 class DriverUnavailable(Exception):
@@ -121,8 +122,6 @@ def plan(config: HostConfig, target: Target, offered: Mapping[str, Sequence[str]
 
     ``offered``: for every package NVIDIA's repository has at the pinned version, and every
     catalog root, the versions the repository has (see ``offered_from_stanzas``)."""
-    from gpubox.stages import render
-
     family = target.family
     driver = config.catalog["driver"]
     version = package_version(config, family)

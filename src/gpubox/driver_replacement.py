@@ -31,9 +31,11 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pyinfra import host, logger
 from pyinfra.api import FactBase
 
 from gpubox import layout, offers
+from gpubox.apt_sources import source_line
 from gpubox.config import HostConfig, Target
 from gpubox.driver_plan import DriverPlan
 
@@ -230,10 +232,6 @@ def warn_before_install(config: HostConfig, target: Target, plan: DriverPlan) ->
     """Preflight for the driver stage: when another driver is installed, log what installing
     the pinned one removes (apt's simulation), before any operation is added. A simulation
     that fails is a warning naming why, never a refusal."""
-    from pyinfra import host, logger
-
-    from gpubox.stages.apt_repo import source_line
-
     installed = host.get_fact(InstalledDriverBuilds) or {}
     if not installed_distro_driver(installed, plan.package_version):
         return

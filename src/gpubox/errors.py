@@ -1,6 +1,7 @@
-"""The errors a deploy refuses with, in a leaf module (nothing from gpubox is imported here), so
-the preflight, the dpkg wait and the stages all raise the same type without importing each
-other."""
+"""The errors a deploy refuses or stops with, in a leaf module (nothing from gpubox is imported
+here). Everything that raises or catches them imports them from here: the configuration check
+(gpubox.stages.current_config), the preflight (gpubox.preflight), the dpkg wait
+(gpubox.dpkg_ready), the stages and the tests; no other module re-exports them."""
 
 from __future__ import annotations
 

@@ -81,6 +81,10 @@ def dropin(unit: str, name: str = "gpubox.conf") -> str:
 PERSISTENCED_DROPIN = dropin(PERSISTENCED)
 PERSISTENCED_WANTED = f"{SYSTEMD_DIR}/multi-user.target.d/gpubox-nvidia-persistenced.conf"
 DCGM_DROPIN = dropin(DCGM)
+# Where nv-hostengine listens: the drop-in binds it to this address; the port is its default
+# (the drop-in sets no --port). dcgm-exporter connects here instead of embedding a second engine.
+HOSTENGINE_ADDRESS = "127.0.0.1"
+HOSTENGINE_PORT = 5555
 DCGM_EXPORTER_UNIT_FILE = unit_file(DCGM_EXPORTER)
 LLAMA_BENCH_PIDFILE = "/run/gpubox-llama-bench.pid"
 

@@ -21,6 +21,9 @@ The driver is special: which packages make up NVIDIA's driver build is not known
 NVIDIA's CUDA repository also lists every package offered at the driver's exact version; the
 driver stage pins that set (gpubox.driver_plan).
 Asked only when needed: gpubox.answers keeps the answers on the box.
+
+This module is pure (the query's command, its parser, the pinned sets and what they miss); the
+pyinfra fact that runs the query, ``RepoOffers``, is gpubox.answers'.
 """
 
 from __future__ import annotations
@@ -30,9 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyinfra.api import FactBase
-
 from gpubox import apt_versions, layout, nccl
+from gpubox.apt_sources import placeholders
 from gpubox.config import HostConfig, Problem, Target
 
 
@@ -127,21 +129,6 @@ def trusted_source_line(source_line: str) -> str:
     return " ".join(words)
 
 
-class RepoOffers(FactBase[RepoIndex]):
-    """What one apt repository offers (see the module's docstring); read-only for the host's
-    apt: only /var/cache/gpubox/apt-query/<name> is written."""
-
-    readahead = False  # it asks the repository (apt-get update): never read ahead
-
-    def command(  # type: ignore[override]
-        self, repo: str, source_line: str, packages: tuple[str, ...], at_version: str = ""
-    ) -> str:
-        return query_command(repo, source_line, packages, at_version)
-
-    def process(self, output: list[str]) -> RepoIndex:
-        return parse_query(output)
-
-
 @dataclass(frozen=True)
 class PinnedSet:
     """Packages one stage installs at exact versions from one repository."""
@@ -157,8 +144,6 @@ def pinned_sets(
 ) -> list[PinnedSet]:
     """Every exact-version package set the deploy installs on this host, except the driver's
     (gpubox.driver_plan resolves that one from the repository's answer)."""
-    from gpubox.stages.apt_repo import placeholders
-
     cat = config.catalog
     cuda = config.cuda
     sets = [

@@ -3,6 +3,7 @@ through facts and yields nothing (a noop) when the host is already as asked."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shlex
@@ -10,18 +11,22 @@ import time
 from typing import Any
 
 from gevent import sleep
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra.operations import files
 
 from gpubox import layout
 from gpubox.facts import (
     AptComponentEnabled,
     BootId,
+    FileDigests,
     HeldPackages,
     JsonFile,
     KeyringFingerprints,
+    MissingPackageFiles,
     RealPath,
 )
+from gpubox.rendering import as_file
 
 
 @operation()
@@ -174,8 +179,6 @@ def json_file_merge(
     if state["exists"] and merged == current:
         host.noop(f"{path} already holds these settings")
         return
-    from pyinfra.operations import files
-
     content = json.dumps(merged, indent=4, sort_keys=False) + "\n"
     yield from files.put._inner(src=io.StringIO(content), dest=path, mode="0644")
 
@@ -188,10 +191,6 @@ def reinstall(packages: list[str] | None = None, paths: list[str] | None = None)
     would not bring the file back. Existence only (gpubox.facts.MissingPackageFiles); a noop
     when every file is there. A deleted conffile comes back too (--force-confmiss); a changed
     one is kept."""
-    from pyinfra import state
-
-    from gpubox.facts import MissingPackageFiles
-
     missing = host.get_fact(
         MissingPackageFiles, packages=tuple(packages or ()), paths=tuple(paths or ())
     )
@@ -214,3 +213,32 @@ def reinstall(packages: list[str] | None = None, paths: list[str] | None = None)
         "-o Dpkg::Options::=--force-confold -o Dpkg::Options::=--force-confmiss "
         + " ".join(shlex.quote(f"{name}={version}") for name, version in pins.items())
     )
+
+
+class _Unchanged:
+    """What a managed file that needs no operation reports to `_if` conditions."""
+
+    @staticmethod
+    def did_change() -> bool:
+        return False
+
+
+class ManagedFiles:
+    """A stage's small managed files (content rendered here), checked in one fact; an upload
+    operation is added only for a file whose content or mode differs."""
+
+    def __init__(self, files: dict[str, str], mode: str = "0644"):
+        self.files = files
+        self.mode = mode
+        self.current = host.get_fact(FileDigests, paths=tuple(sorted(files)))
+
+    def differs(self, dest: str) -> bool:
+        """Whether the box's file differs (content or mode): `put` will upload it."""
+        content = self.files[dest]
+        want = (self.mode.lstrip("0") or "0", hashlib.sha256(content.encode()).hexdigest())
+        return self.current.get(dest) != want
+
+    def put(self, name: str, dest: str) -> Any:
+        if not self.differs(dest):
+            return _Unchanged()
+        return files.put(name=name, src=as_file(self.files[dest]), dest=dest, mode=self.mode)

@@ -7,7 +7,7 @@ import re
 
 from conftest import REFERENCE, fresh_box
 
-from gpubox import stages
+from gpubox import rendering
 from gpubox.config import load_host_config, validate
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import llamacpp as llamacpp_stage
@@ -110,7 +110,7 @@ def test_the_flag_check_names_unknown_flags():
 
 def unit_of(data) -> str:
     config = load_host_config("b", {**REFERENCE, **data})
-    return stages.render(
+    return rendering.render(
         "llama-server.service.j2",
         tag="b11312",
         commit="0c1e570",
@@ -174,7 +174,7 @@ def test_the_flag_check_runs_against_a_help_text(tmp_path):
 
 
 def test_the_unit_reads_the_key_as_a_credential_never_on_the_command_line():
-    from gpubox.stages import render
+    from gpubox.rendering import render
 
     unit = render(
         "llama-server.service.j2",
@@ -307,7 +307,7 @@ def test_backend_compat_rules():
 def test_too_little_disk_for_the_model_is_refused_before_anything(plan_of):
     import pytest
 
-    from gpubox.stages import DeployRefused
+    from gpubox.errors import DeployRefused
 
     answers = fresh_box("ubuntu2404", **{"df -B1 --output=avail": str(10 * 2**30)})
     with pytest.raises(DeployRefused, match=r"has 10\.0 GiB free; .* needs 46\.0 GiB"):

@@ -18,11 +18,11 @@ from pyinfra.api.exceptions import OperationError
 from gpubox import exporter_label
 from gpubox.config import load_host_config, target_for
 from gpubox.operations import merge_json
+from gpubox.rendering import render
 from gpubox.stages import burnin as burnin_stage
 from gpubox.stages import container_toolkit as toolkit_stage
 from gpubox.stages import dcgm as dcgm_stage
 from gpubox.stages import docker as docker_stage
-from gpubox.stages import render
 from gpubox.stages import tools as tools_stage
 
 NO_DOCKER = {"echo binary=$(command -v dockerd": ["binary=", "active=inactive", "package="]}
@@ -46,7 +46,7 @@ def test_docker_from_dockers_repository_on_ubuntu(plan_of):
             "docker-compose-plugin=2.40.3-1~ubuntu.24.04~noble",
         ]
     )
-    from gpubox.stages.apt_repo import source_line
+    from gpubox.apt_sources import source_line
 
     config = load_host_config("b", REFERENCE)
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)

@@ -7,7 +7,7 @@ import pytest
 from conftest import REFERENCE, fresh_box
 
 from gpubox import dpkg_ready
-from gpubox.stages import DeployRefused
+from gpubox.errors import DeployRefused
 from gpubox.stages import driver as driver_stage
 
 LOCK_CONF = "apt-get waits up to"

@@ -9,7 +9,7 @@ from conftest import REFERENCE, fresh_box, installed_pins, kept_offers, repo_ans
 
 from gpubox import dpkg_ready, driver_plan, offers
 from gpubox.config import load_host_config, target_for
-from gpubox.stages import DeployRefused
+from gpubox.errors import DeployRefused
 from gpubox.stages import driver as driver_stage
 
 
@@ -68,7 +68,7 @@ def test_ubuntu_repository_is_nvidias_ubuntu2404_with_a_pinned_key(plan_of):
     assert command.endswith(" && apt-get update") and "/var/lib/apt/lists/lock" in command
     assert update in plan.conditional
     config = load_host_config("box", REFERENCE)
-    from gpubox.stages.nvidia_repo import cuda_source_line as source_line
+    from gpubox.stages.apt_repo import cuda_source_line as source_line
 
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
     assert source_line(config, target) == (
@@ -175,7 +175,7 @@ def test_persistence_dropin_and_initramfs(plan_of):
     (initramfs,) = [n for n in plan.names if "initramfs" in n]
     assert initramfs in plan.conditional  # only when the blacklist file changed
     assert plan.op("nvidia-persistenced running") == ["systemctl start nvidia-persistenced.service"]
-    from gpubox.stages import render
+    from gpubox.rendering import render
 
     dropin = render("nvidia-persistenced.conf.j2", persistence_mode=True)
     # the packaged ExecStart (and the user it names, which differs by distribution) is kept
@@ -226,9 +226,9 @@ def converged_ubuntu_box() -> dict[object, object]:
     """Fact answers of an Ubuntu 24.04 box that a deploy already converged."""
     import hashlib
 
-    from gpubox.stages import FILES, render
+    from gpubox.rendering import FILES, render
     from gpubox.stages import cuda as cuda_stage
-    from gpubox.stages.nvidia_repo import cuda_source_line as source_line
+    from gpubox.stages.apt_repo import cuda_source_line as source_line
 
     config = load_host_config("box", REFERENCE)
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)

@@ -9,7 +9,8 @@ import json
 import pytest
 from conftest import REFERENCE, fake_host, fresh_box, installed_pins, kept_offers, repo_answers
 
-from gpubox.stages import DeployRefused, run_stages
+from gpubox.errors import DeployRefused
+from gpubox.stages import run_stages
 from gpubox.stages.container_toolkit import container_toolkit
 from gpubox.stages.cuda import cuda
 from gpubox.stages.dcgm import dcgm

@@ -236,7 +236,7 @@ def test_without_an_announced_size_the_progress_has_no_total(plan_of):
 def test_the_disk_check_counts_the_announced_size(plan_of):
     import pytest
 
-    from gpubox.stages import DeployRefused
+    from gpubox.errors import DeployRefused
 
     answers = fresh_box(
         "ubuntu2404",

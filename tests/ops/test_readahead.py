@@ -155,8 +155,8 @@ def test_a_command_with_a_secret_or_a_password_is_neither_kept_nor_answered():
 def test_a_fact_that_asks_a_server_or_costs_much_is_never_read_ahead(sent):
     from pyinfra.facts.server import Users
 
+    from gpubox.answers import RepoOffers
     from gpubox.facts import NetworkOutput
-    from gpubox.offers import RepoOffers
 
     asks = (NetworkOutput, {"command": "echo from-the-hub"})
     with run() as host:

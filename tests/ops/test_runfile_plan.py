@@ -12,8 +12,8 @@ import pytest
 from conftest import REFERENCE, fake_host, fresh_box
 
 from gpubox import runfile
+from gpubox.errors import DeployRefused
 from gpubox.sandbox import runfile_standin
-from gpubox.stages import DeployRefused
 from gpubox.stages import driver as driver_stage
 
 FACT_KEY = "/var/lib/nvidia/log"  # a part of the fact's command (the fake connector's key)

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import REFERENCE, fresh_box
 
-from gpubox.stages import DeployRefused, run_stages
+from gpubox.errors import DeployRefused
 from gpubox.stages import cuda as cuda_stage
 from gpubox.stages import driver as driver_stage
+from gpubox.stages import run_stages
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "secureboot"
 MOK = "( kernelver=$(cat /proc/sys/kernel/osrelease); mok_signing_key="

@@ -15,8 +15,9 @@ from test_model_download_plan import uploads
 
 from gpubox import progress
 from gpubox.config import load_host_config
-from gpubox.stages import DeployRefused, checkpoint, model_script
+from gpubox.errors import DeployRefused
 from gpubox.stages import backend as backend_stage
+from gpubox.stages import checkpoint, model_script
 from gpubox.stages import model as model_stage
 from gpubox.stages import vllm as vllm_stage
 

@@ -121,7 +121,7 @@ def driver_plan_for(config: HostConfig) -> driver_plan.DriverPlan:
 
 def pin_files(config: HostConfig) -> dict[str, str]:
     """The apt pins the driver, container toolkit and DCGM stages write."""
-    from gpubox.stages import render
+    from gpubox.rendering import render
 
     toolkit, dcgm = config.catalog["container_toolkit"], config.catalog["dcgm"]
     return {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpubox import dpkg_ready as dr
-from gpubox.stages import DeployRefused
+from gpubox.errors import DeployRefused
 
 HOLD = (
     "import fcntl, sys, time\n"

@@ -1,10 +1,12 @@
-"""The house rules of docs/design.md, checked on the source: no import circle (imports inside
-functions count), the leaves import nothing of gpubox, and no module outside the sandbox
-grows past about 500 lines."""
+"""The house rules of docs/design.md, checked on the source: every module in one layer of the
+design's layer table and no import running up a layer, no import circle (imports inside
+functions count for both), the leaves import nothing of gpubox, and no module outside the
+sandbox grows past about 500 lines."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "gpubox"
 MAX_LINES = 500
-LEAVES = ("gpubox.layout", "gpubox.errors", "gpubox.parsers")
+LEAVES = ("gpubox.layout", "gpubox.errors", "gpubox.rendering", "gpubox.parsers")
+DESIGN = SRC.parent / "docs" / "design.md"
 
 
 def modules(root: Path = PACKAGE) -> dict[str, Path]:
@@ -25,14 +28,21 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
     return found
 
 
-def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """Every gpubox module ``name`` imports, anywhere in the file. ``from pkg import mod``
-    is an import of pkg.mod; ``from pkg import thing`` of pkg."""
+def import_sites(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int, bool]]:
+    """Every import of a gpubox module in ``name``'s file: (the module, its line, whether it
+    sits inside a function). ``from pkg import mod`` is an import of pkg.mod; ``from pkg import
+    thing`` of pkg."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inside |= {id(n) for n in ast.walk(node) if n is not node}
+    found: list[tuple[str, int, bool]] = []
+    for node in ast.walk(tree):
+        targets: set[str] = set()
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name in known}
+            targets = {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -40,8 +50,18 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 base = ".".join(parts + ([base] if base else []))
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
-                found.add(sub if sub in known else base)
-    return {m for m in found if m in known and m != name}
+                targets.add(sub if sub in known else base)
+        found += [
+            (m, node.lineno, id(node) in inside)
+            for m in sorted(targets)
+            if m in known and m != name
+        ]
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every gpubox module ``name`` imports, anywhere in the file."""
+    return {m for m, _, _ in import_sites(name, path, known)}
 
 
 def graph(known: dict[str, Path]) -> dict[str, set[str]]:
@@ -90,7 +110,7 @@ def test_no_module_imports_one_that_imports_it_back():
 
 def test_the_circle_finder_finds_a_planted_circle(tmp_path: Path):
     root = tmp_path / "gpubox"
-    (root / "stages").mkdir(parents=True)
+    (root / "stages").mkdir(parents=True, exist_ok=True)
     (root / "__init__.py").write_text("")
     (root / "stages" / "__init__.py").write_text("")
     (root / "stages" / "backend.py").write_text("def f():\n    from gpubox.stages import vllm\n")
@@ -116,6 +136,176 @@ def test_no_module_outside_the_sandbox_is_longer_than_about_500_lines():
         and (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+# The layer table of docs/design.md ("## Layers"): a module imports only from its own layer
+# or the layers below it, imports inside functions included.
+
+# Upward imports the design allows, each with why (docs/design.md, "Down, never up"): the
+# checks judge a box by the plan its stage followed, so they call the stages' pure planning
+# helpers, imported inside the function that needs them. Part B of issue 21 moves these plans
+# below the checks and empties this list.
+UPWARD_EXCEPTIONS: dict[tuple[str, str], str] = {
+    (checks, stage): why
+    for checks in ("gpubox.checks.backend", "gpubox.checks.facts")
+    for stage, why in (
+        ("gpubox.stages.model", "model.plan: where the stage put the model's file"),
+        (
+            "gpubox.stages.llamacpp_build",
+            "llamacpp_build.llama_build: the llama.cpp build the stage made",
+        ),
+        ("gpubox.stages.vllm", "vllm.vllm_args: the arguments the stage's vLLM unit runs"),
+    )
+}
+
+
+def layer_table(text: str) -> list[tuple[str, list[str]]]:
+    """The rows of the "## Layers" table, bottom up: (layer, the gpubox modules and packages
+    its modules column names). ``x.py`` is gpubox.x, ``x/`` and ``x/*.py`` the package
+    gpubox.x, ``__init__.py`` gpubox itself; other names (catalog.yml) are data."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows: list[tuple[str, list[str]]] = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if (
+            not line.startswith("|")
+            or len(cells) < 3
+            or cells[0] in ("layer", "")
+            or (set(cells[0]) <= set("-: "))
+        ):
+            continue
+        names = []
+        for token in re.findall(r"`([^`]+)`", cells[1]):
+            token = token.removesuffix("*.py")
+            if token == "__init__.py":
+                names.append("gpubox")
+            elif token.endswith("/"):
+                names.append("gpubox." + token.strip("/").replace("/", "."))
+            elif token.endswith(".py"):
+                names.append("gpubox." + token.removesuffix(".py").replace("/", "."))
+        rows.append((cells[0], names))
+    return rows
+
+
+def placement(rows: list[tuple[str, list[str]]], known: dict[str, Path]) -> dict[str, int]:
+    """Each known module's layer, by its row's position (0 at the bottom); the most specific
+    name wins (a module named in a row over its package named in another)."""
+    placed: dict[str, int] = {}
+    for module in known:
+        best = (-1, -1)
+        for rank, (_, names) in enumerate(rows):
+            for entry in names:
+                if module == entry or module.startswith(entry + "."):
+                    best = max(best, (len(entry), rank))
+        if best[1] >= 0:
+            placed[module] = best[1]
+    return placed
+
+
+def upward_imports(
+    rows: list[tuple[str, list[str]]],
+    known: dict[str, Path],
+    allowed: dict[tuple[str, str], str] | None = None,
+) -> list[str]:
+    """Every import of a module from a higher layer, as "module:line imports other (layer ->
+    layer)"; an allowed pair passes only when imported inside a function."""
+    placed = placement(rows, known)
+    allowed = allowed or {}
+    found = []
+    for name, path in sorted(known.items()):
+        if name not in placed:
+            continue
+        for other, line, in_function in import_sites(name, path, known):
+            if other not in placed or placed[other] <= placed[name]:
+                continue
+            if (name, other) in allowed and in_function:
+                continue
+            found.append(
+                f"{name}:{line} imports {other} "
+                f"({rows[placed[name]][0]} -> {rows[placed[other]][0]})"
+            )
+    return found
+
+
+def test_every_module_is_in_one_row_of_the_design_layer_table():
+    rows = layer_table(DESIGN.read_text(encoding="utf-8"))
+    known = modules()
+    placed = placement(rows, known)
+    assert sorted(set(known) - set(placed)) == []
+    named = [entry for _, names in rows for entry in names]
+    gone = [e for e in named if not any(m == e or m.startswith(e + ".") for m in known)]
+    assert gone == []  # no row names a module that is gone
+    assert len(named) == len(set(named))  # nor one module twice
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    rows = layer_table(DESIGN.read_text(encoding="utf-8"))
+    assert upward_imports(rows, modules(), UPWARD_EXCEPTIONS) == []
+
+
+def test_every_allowed_upward_import_is_still_made():
+    """An exception no module needs any more is dropped from the list (and from the design)."""
+    known = modules()
+    edges = graph(known)
+    assert [pair for pair in UPWARD_EXCEPTIONS if pair[1] not in edges[pair[0]]] == []
+
+
+TABLE = """# design
+
+## Layers
+
+| layer | modules | what they are |
+|---|---|---|
+| leaves | `layout.py`, `catalog.py` + `catalog.yml` | data |
+| rules | `offers.py` | pure |
+| stages | `stages/` | the stages |
+
+## Next
+"""
+
+
+def planted(tmp_path: Path, offers: str) -> dict[str, Path]:
+    root = tmp_path / "gpubox"
+    (root / "stages").mkdir(parents=True, exist_ok=True)
+    (root / "stages" / "__init__.py").write_text("def render():\n    pass\n")
+    (root / "stages" / "apt_repo.py").write_text("from gpubox import layout, offers\n")
+    (root / "layout.py").write_text("")
+    (root / "catalog.py").write_text("from gpubox import layout\n")
+    (root / "offers.py").write_text(offers)
+    return modules(root)
+
+
+def test_the_layer_check_finds_a_planted_upward_import(tmp_path: Path):
+    rows = layer_table(TABLE)
+    assert rows == [
+        ("leaves", ["gpubox.layout", "gpubox.catalog"]),
+        ("rules", ["gpubox.offers"]),
+        ("stages", ["gpubox.stages"]),
+    ]
+    known = planted(tmp_path, "from gpubox import layout\n")
+    assert upward_imports(rows, known) == []
+    known = planted(
+        tmp_path, "import gpubox.layout\n\ndef f():\n    from gpubox.stages import render\n"
+    )
+    assert upward_imports(rows, known) == [
+        "gpubox.offers:4 imports gpubox.stages (rules -> stages)"
+    ]
+    # an allowed pair passes inside a function only
+    allowed = {("gpubox.offers", "gpubox.stages"): "planted"}
+    assert upward_imports(rows, known, allowed) == []
+    known = planted(tmp_path, "from gpubox.stages.apt_repo import placeholders\n")
+    allowed = {("gpubox.offers", "gpubox.stages.apt_repo"): "planted"}
+    assert upward_imports(rows, known, allowed) == [
+        "gpubox.offers:1 imports gpubox.stages.apt_repo (rules -> stages)"
+    ]
+
+
+def test_an_unplaced_module_is_named(tmp_path: Path):
+    known = planted(tmp_path, "")
+    (tmp_path / "gpubox" / "kernels.py").write_text("")
+    known = modules(tmp_path / "gpubox")
+    placed = placement(layer_table(TABLE), known)
+    assert sorted(set(known) - set(placed)) == ["gpubox.kernels"]
 
 
 ROOT = SRC.parent

@@ -61,8 +61,6 @@ def exporter(c: HostConfig, r: Reading) -> list[str]:
 def exporter_hostname(c: HostConfig, r: Reading) -> str | None:
     """Every Hostname label on /metrics is the box's own name (the exporter takes it from
     --remote-hostengine-info: gpubox.exporter_label)."""
-    from gpubox.stages.dcgm import HOSTENGINE_ADDRESS, HOSTENGINE_PORT
-
     name = r.get("hostname")
     labels = hostname_labels(r.get("exporter_metrics"))
     if not labels:
@@ -73,8 +71,8 @@ def exporter_hostname(c: HostConfig, r: Reading) -> str | None:
     seen = ", ".join(f'Hostname="{label}"' for label in wrong)
     return (
         f'dcgm-exporter labels its metrics {seen}, not this box\'s name "{name}": its unit must '
-        f"name the host engine --remote-hostengine-info {name}:{HOSTENGINE_PORT} (with "
-        f"--add-host {name}:{HOSTENGINE_ADDRESS}), as gpubox's unit does"
+        f"name the host engine --remote-hostengine-info {name}:{layout.HOSTENGINE_PORT} (with "
+        f"--add-host {name}:{layout.HOSTENGINE_ADDRESS}), as gpubox's unit does"
     )
 
 

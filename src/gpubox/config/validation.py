@@ -17,8 +17,8 @@ from gpubox.config.keys import KEYS, KEYS_BY_NAME, Key
 
 def _pyinfra_keys() -> set[str]:
     """Host data keys that belong to pyinfra itself (connectors, global arguments)."""
-    from pyinfra.api.arguments import all_argument_meta
-    from pyinfra.api.connectors import get_all_connectors
+    from pyinfra.api.arguments import all_argument_meta  # config loads without pyinfra
+    from pyinfra.api.connectors import get_all_connectors  # config loads without pyinfra
 
     keys = set(all_argument_meta)
     for connector in get_all_connectors().values():
@@ -258,7 +258,7 @@ def _docker_users_problems(
 # 1Panel's rule for the user and the entrance (1Panel-dev/installer install.sh at
 # aa4a6bbf24ae0fd938b32294672f5086f940e483, Set_Entrance and Set_Username).
 PANEL_NAME = re.compile(r"[a-zA-Z0-9_]{3,30}")
-# nv-hostengine's port on the box (gpubox.stages.dcgm.HOSTENGINE_PORT; a unit test keeps
+# nv-hostengine's port on the box (gpubox.layout.HOSTENGINE_PORT; a unit test keeps
 # them equal): the panel must not take it.
 HOSTENGINE_PORT = 5555
 

@@ -7,25 +7,16 @@ refused run changes nothing on any host.
 
 from __future__ import annotations
 
-import hashlib
-import io
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-import jinja2
 from pyinfra import host, inventory
+from pyinfra.context import ctx_host
 
-from gpubox.config import HostConfig, Problem, Target, target_for, validate
+from gpubox import outcome, readahead
+from gpubox.config import HostConfig, Problem, validate
 from gpubox.errors import DeployRefused, HostRefused, HostStopped
 
-__all__ = ["DeployRefused", "Target", "run_stages", "target_for"]
-
-# Shipped inside the package (package data), so an installed gpubox finds them as well as a
-# checkout does.
-PACKAGE = Path(__file__).resolve().parents[1]
-TEMPLATES = PACKAGE / "templates"
-FILES = PACKAGE / "files"
+__all__ = ["current_config", "run_stages"]
 
 
 def run_stages(*stages: Callable[[], object]) -> None:
@@ -34,10 +25,6 @@ def run_stages(*stages: Callable[[], object]) -> None:
     are skipped and the other hosts go on. A host whose stage stops it on purpose (HostStopped:
     its operations so far run, the last one fails with the owner's next step) plans no further
     stage either."""
-    from pyinfra.context import ctx_host
-
-    from gpubox import outcome, readahead
-
     readahead.install()  # a no-op run reads the box once (gpubox.readahead)
     # pyinfra names an operation by the line numbers of its call stack, not the files: two
     # stages adding an operation at the same line of their modules get the same name, and
@@ -73,53 +60,3 @@ def current_config() -> HostConfig:
             f"invalid inventory, nothing was changed ({len(errors)} problem(s)):\n{lines}"
         )
     return configs[host.name]
-
-
-_jinja = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
-def render(template: str, **values: Any) -> str:
-    return _jinja.get_template(template).render(**values)
-
-
-def as_file(text: str) -> io.StringIO:
-    return io.StringIO(text)
-
-
-class _Unchanged:
-    """What a managed file that needs no operation reports to `_if` conditions."""
-
-    @staticmethod
-    def did_change() -> bool:
-        return False
-
-
-class ManagedFiles:
-    """A stage's small managed files (content rendered here), checked in one fact; an upload
-    operation is added only for a file whose content or mode differs."""
-
-    def __init__(self, files: dict[str, str], mode: str = "0644"):
-        from gpubox.facts import FileDigests
-
-        self.files = files
-        self.mode = mode
-        self.current = host.get_fact(FileDigests, paths=tuple(sorted(files)))
-
-    def differs(self, dest: str) -> bool:
-        """Whether the box's file differs (content or mode): `put` will upload it."""
-        content = self.files[dest]
-        want = (self.mode.lstrip("0") or "0", hashlib.sha256(content.encode()).hexdigest())
-        return self.current.get(dest) != want
-
-    def put(self, name: str, dest: str) -> Any:
-        from pyinfra.operations import files
-
-        if not self.differs(dest):
-            return _Unchanged()
-        return files.put(name=name, src=as_file(self.files[dest]), dest=dest, mode=self.mode)

@@ -1,7 +1,7 @@
 """Third-party apt repositories (NVIDIA's CUDA and container toolkit repositories, Docker's):
 a signed-by keyring whose fingerprint the catalog pins (never apt-key), one source file, and
 `apt update` only when the source, the key or a pin changed. Each repository is handled once
-per host and run, whichever stage needs it first."""
+per host and run, whichever stage needs it first. The line itself is gpubox.apt_sources'."""
 
 from __future__ import annotations
 
@@ -12,32 +12,11 @@ from pyinfra import host
 from pyinfra.operations.util import any_changed
 
 from gpubox import dpkg_ready, operations
+from gpubox.apt_sources import placeholders, source_line
 from gpubox.config import HostConfig, Target
-from gpubox.stages import ManagedFiles
+from gpubox.operations import ManagedFiles
 
 _done: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-
-
-def placeholders(target: Target, os_release: dict[str, str] | None = None) -> dict[str, str]:
-    codename = (os_release or {}).get("VERSION_CODENAME") or {
-        "ubuntu-24.04": "noble",
-        "debian-12": "bookworm",
-    }.get(f"{target.os_id}-{target.version_id}", "")
-    return {
-        "distro": target.distro,
-        "os_id": target.os_id,
-        "version_id": target.version_id,
-        "codename": codename,
-    }
-
-
-def source_line(config: HostConfig, name: str, target: Target) -> str:
-    repo = config.catalog["repos"][name]
-    values = placeholders(target)
-    url = repo["url"].replace("$(ARCH)", "\0").format(**values).replace("\0", "$(ARCH)")
-    suite = repo["suite"].format(**values)
-    component = f" {repo['component']}" if repo.get("component") else ""
-    return f"deb [signed-by={repo['keyring']}] {url} {suite}{component}\n"
 
 
 def apt_repo(
@@ -76,3 +55,12 @@ def apt_repo(
         lock_timeout=config.apt_lock_timeout,
         _if=any_changed(*changed),
     )
+
+
+def nvidia_repo(config: HostConfig, target: Target, also_changed: list[Any] | None = None) -> None:
+    """NVIDIA's CUDA apt repository (the driver, the toolkit and DCGM all come from it)."""
+    apt_repo(config, "nvidia_cuda", target, f"NVIDIA CUDA ({target.distro})", also_changed)
+
+
+def cuda_source_line(config: HostConfig, target: Target) -> str:
+    return source_line(config, "nvidia_cuda", target)

@@ -19,7 +19,9 @@ from pyinfra.operations import server
 from gpubox import answers, layout, operations, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import FILES, ManagedFiles, current_config, render, units
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import FILES, render
+from gpubox.stages import current_config, units
 from gpubox.stages.apt_repo import apt_repo
 from gpubox.stages.docker import reload_docker
 from gpubox.stages.packages import install_pinned

@@ -21,9 +21,12 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server
 
 from gpubox import answers, apt_versions, layout, nccl, operations, preflight, progress
-from gpubox.config import HostConfig
-from gpubox.stages import ManagedFiles, Target, current_config, render
-from gpubox.stages.nvidia_repo import nvidia_repo
+from gpubox.config import HostConfig, Target
+from gpubox.errors import DeployRefused
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import render
+from gpubox.stages import current_config
+from gpubox.stages.apt_repo import nvidia_repo
 from gpubox.stages.packages import install_pinned
 
 # The paths under the names the plan tests use.
@@ -151,8 +154,6 @@ def nccl_version(config: HostConfig, installed: dict[str, list[str]]) -> str:
     offered = answers.answer("nvidia_cuda").offers
     version = apt_versions.resolve(pin, offered, installed, nccl.PACKAGES)
     if version is None:
-        from gpubox.stages import DeployRefused
-
         have = ", ".join(list(offered.get(nccl.PACKAGES[0], []))[-6:]) or "none"
         raise DeployRefused(
             f"{config.host}: repos.nvidia_cuda offers no version matching {pin} for both "

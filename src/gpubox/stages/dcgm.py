@@ -13,14 +13,15 @@ from pyinfra.operations import apt, server
 from gpubox import answers, layout, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, current_config, render, units
-from gpubox.stages.nvidia_repo import nvidia_repo
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import render
+from gpubox.stages import current_config, units
+from gpubox.stages.apt_repo import nvidia_repo
 from gpubox.stages.packages import install_pinned
 
-# Where nv-hostengine listens: the drop-in binds it to this address; the port is its default
-# (the drop-in sets no --port). dcgm-exporter connects here instead of embedding a second engine.
-HOSTENGINE_ADDRESS = "127.0.0.1"
-HOSTENGINE_PORT = 5555
+# Where nv-hostengine listens (gpubox.layout, where the checks read it too).
+HOSTENGINE_ADDRESS = layout.HOSTENGINE_ADDRESS
+HOSTENGINE_PORT = layout.HOSTENGINE_PORT
 
 
 def listen_address(address: str, port: int) -> str:

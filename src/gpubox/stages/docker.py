@@ -18,10 +18,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
 from gpubox import answers, layout, operations, preflight
+from gpubox.apt_sources import placeholders
 from gpubox.config import HostConfig, Target
 from gpubox.facts import DockerEngine, UserGroups, read_once
 from gpubox.stages import current_config, units
-from gpubox.stages.apt_repo import apt_repo, placeholders
+from gpubox.stages.apt_repo import apt_repo
 
 GROUP = layout.DOCKER_GROUP
 

@@ -34,8 +34,10 @@ from gpubox.facts import (
     SecureBoot,
     read_once,
 )
-from gpubox.stages import FILES, ManagedFiles, current_config, render, units
-from gpubox.stages.nvidia_repo import nvidia_repo
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import FILES, render
+from gpubox.stages import current_config, units
+from gpubox.stages.apt_repo import nvidia_repo
 from gpubox.stages.packages import install_pinned
 
 # The paths under the names the plan tests use.

@@ -14,7 +14,9 @@ from pyinfra.operations import server
 from gpubox import layout
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, llamacpp_build, render, serving, units
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import render
+from gpubox.stages import llamacpp_build, serving, units
 from gpubox.stages.model import plan as model_plan
 
 

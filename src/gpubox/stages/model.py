@@ -43,8 +43,11 @@ from pyinfra.operations import apt, files, server, systemd
 
 from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
+from gpubox.errors import DeployRefused
 from gpubox.facts import CommandOutput, NetworkOutput
-from gpubox.stages import ManagedFiles, as_file, checkpoint, current_config, model_script, units
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import as_file
+from gpubox.stages import checkpoint, current_config, model_script, units
 
 # The download's shell (gpubox.stages.model_script), under the names the stage's users know.
 HF_QUIET = model_script.HF_QUIET
@@ -285,8 +288,6 @@ def refuse_without_space(directory: str, need: int, what: str) -> None:
         'df -B1 --output=avail "$d" | tail -n 1',
     ).strip()
     if free.isdigit() and int(free) < need:
-        from gpubox.stages import DeployRefused
-
         raise DeployRefused(
             f"{host.name}: model_dir {directory} has {int(free) / 2**30:.1f} GiB free; "
             f"{what} needs {need / 2**30:.1f} GiB; nothing was changed"

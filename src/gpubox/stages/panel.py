@@ -15,8 +15,10 @@ With panel: "none" the stage does nothing (an installed panel is left alone)."""
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 
+from gevent import sleep
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations import apt, files, server, systemd
@@ -25,7 +27,9 @@ from gpubox import layout, preflight
 from gpubox import panel as rules
 from gpubox.config import HostConfig, Target
 from gpubox.facts import CommandOutput, read_once
-from gpubox.stages import FILES, ManagedFiles, current_config
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import FILES
+from gpubox.stages import current_config
 
 SCRIPT = "/usr/local/lib/gpubox/gpubox-panel"
 CONF = "/etc/gpubox/panel.conf"
@@ -117,10 +121,6 @@ def wait_for_panel(port: int, timeout: int):
     there (install.sh's Check_Ready); on a timeout mask the password in 1pctl before failing."""
 
     def _wait(state, host) -> None:
-        import time
-
-        from gevent import sleep
-
         start = last = time.monotonic()
         probe = (
             f"ss -Htln 'sport = :{int(port)}' | grep -q . && echo port; "

@@ -15,8 +15,10 @@ from pyinfra.operations import apt, server
 from gpubox import answers, dpkg_ready, layout, operations, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
-from gpubox.stages import ManagedFiles, current_config, render
-from gpubox.stages.nvidia_repo import nvidia_repo
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import render
+from gpubox.stages import current_config
+from gpubox.stages.apt_repo import nvidia_repo
 
 STAMP = ".gpubox-build"
 MANIFEST = ".gpubox-files"  # sizes of the build's outputs, what `gpu-burn` runs

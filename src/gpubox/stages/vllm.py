@@ -46,7 +46,9 @@ from pyinfra.operations import server
 from gpubox import compat, layout, torch_archs, vllm_rules
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, checkpoint, render, serving, units, vllm_image
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import render
+from gpubox.stages import checkpoint, serving, units, vllm_image
 
 CACHE_DIR = layout.VLLM_CACHE_DIR
 

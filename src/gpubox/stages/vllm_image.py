@@ -25,7 +25,8 @@ from pyinfra.operations import systemd
 from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, current_config, model_script, units
+from gpubox.operations import ManagedFiles
+from gpubox.stages import current_config, model_script, units
 
 UNIT = "gpubox-vllm-pull"
 UNIT_FILE = layout.unit_file(UNIT)

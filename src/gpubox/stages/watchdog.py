@@ -17,7 +17,9 @@ from gpubox import layout
 from gpubox import watchdog as script
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import ManagedFiles, current_config, render, units
+from gpubox.operations import ManagedFiles
+from gpubox.rendering import render
+from gpubox.stages import current_config, units
 
 PYTHON = "/usr/bin/python3"
 
