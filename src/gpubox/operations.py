@@ -1,5 +1,7 @@
 """pyinfra operations that upstream lacks. Like pyinfra's own, each reads the host only
-through facts and yields nothing (a noop) when the host is already as asked."""
+through facts and yields nothing (a noop) when the host is already as asked. ``ManagedFiles``:
+a stage's (or the dpkg wait's) small files, read in one fact and uploaded only when they
+differ."""
 
 from __future__ import annotations
 

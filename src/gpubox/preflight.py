@@ -10,8 +10,26 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from gpubox import compat
+from pyinfra import host, logger
+
+from gpubox import answers, compat, desktop, dpkg_ready, driver_plan, offers, readahead, runfile
+from gpubox.answers import KeptOffers
 from gpubox.config import HostConfig, Problem, Target, target_for
+from gpubox.errors import DeployRefused, HostRefused
+from gpubox.facts import (
+    DesktopState,
+    DockerEngine,
+    KernelModuleLoaded,
+    LoadedDriver,
+    NvidiaPciDevices,
+    OsRelease,
+    SecureBoot,
+    UserGroups,
+    UserId,
+    prefetch,
+    read_once,
+)
+from gpubox.runfile import RunfileDriver
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller
 
@@ -100,8 +118,6 @@ def evaluate(
             )
 
     if runfile_state is not None:
-        from gpubox import runfile
-
         problems += runfile.problems(config, runfile_state)
     missing = [u for u in config.docker_users if (user_groups or {}).get(u) is None]
     if missing:
@@ -121,33 +137,11 @@ def evaluate(
 def run(config: HostConfig) -> Target:
     """Preflight the current host (once per run): log warnings, raise on errors, return its
     target."""
-    from pyinfra import host, logger
-
-    from gpubox.answers import KeptOffers
-    from gpubox.facts import (
-        DesktopState,
-        DockerEngine,
-        KernelModuleLoaded,
-        LoadedDriver,
-        NvidiaPciDevices,
-        OsRelease,
-        SecureBoot,
-        UserGroups,
-        UserId,
-        prefetch,
-        read_once,
-    )
-    from gpubox.runfile import RunfileDriver
-
     passed = _passed.setdefault(host.state, {})
     if host.name in passed:
         return passed[host.name]
-    from gpubox import dpkg_ready  # first: wait for dpkg's locks, recover an interrupted dpkg
-
-    dpkg_ready.prepare(config)
-    from gpubox import readahead  # the fact commands of the last run, in one round trip
-
-    readahead.fill()
+    dpkg_ready.prepare(config)  # first: wait for dpkg's locks, recover an interrupted dpkg
+    readahead.fill()  # the fact commands of the last run, in one round trip
     users = {"users": tuple(config.docker_users)}
     # the facts preflight and the driver stage read while they plan, in one round trip
     prefetch(
@@ -183,11 +177,6 @@ def desktop_report(config: HostConfig) -> Any:
     """Tell the owner, before the first change, what the driver stage will do to the display
     of a desktop (gpubox.desktop.report): nothing is logged on a box that is not one. Returns
     the gpubox.desktop.Desktop it read."""
-    from pyinfra import logger
-
-    from gpubox import desktop
-    from gpubox.facts import DesktopState, KernelModuleLoaded, LoadedDriver, read_once
-
     seen = read_once(DesktopState)
     lines = desktop.report(
         config,
@@ -204,11 +193,6 @@ def repository_problems(config: HostConfig, target: Target) -> None:
     """Ask the repositories what they offer (gpubox.offers; each only when needed, else its
     kept answer); refuse, nothing changed, when a pinned version or a driver package is not
     there. The stages keep the answers on the box (answers.keep_answers)."""
-    from pyinfra import logger
-
-    from gpubox import answers, driver_plan, offers
-    from gpubox.facts import DockerEngine, read_once
-
     sets, indexes = answers.ask(config, target, read_once(DockerEngine))
     for repo, index in indexes.items():
         for warning in index.warnings:
@@ -237,10 +221,6 @@ def refuse(message: str) -> NoReturn:
     (DeployRefused); among others, the host fails alone: the reason is logged with its name,
     pyinfra marks it failed (none of its operations runs) and HostRefused ends its deploy
     file, while the other hosts go on."""
-    from pyinfra import host, logger
-
-    from gpubox.errors import DeployRefused, HostRefused
-
     state = host.state
     me = {h for h in state.active_hosts if h.name == host.name}  # `host` is a context proxy
     if not me or not state.active_hosts - me:
