@@ -29,7 +29,7 @@ from pyinfra.api import FactBase
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files
 
-from gpubox import apt_versions, driver_plan, layout
+from gpubox import apt_versions, layout
 from gpubox.apt_sources import source_line
 from gpubox.config import HostConfig, Target
 from gpubox.facts import read_once
@@ -41,6 +41,7 @@ from gpubox.offers import (
     query_command,
     trusted_source_line,
 )
+from gpubox.plans import driver as driver_plan
 from gpubox.rendering import as_file
 
 

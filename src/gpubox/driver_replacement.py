@@ -37,7 +37,7 @@ from pyinfra.api import FactBase
 from gpubox import layout, offers
 from gpubox.apt_sources import source_line
 from gpubox.config import HostConfig, Target
-from gpubox.driver_plan import DriverPlan
+from gpubox.plans.driver import DriverPlan
 
 MARK = "# gpubox-driver-replacement"
 DRIVER_SOURCES = re.compile(

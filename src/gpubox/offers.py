@@ -19,7 +19,7 @@ warning; with nothing cached the run is refused.
 The driver is special: which packages make up NVIDIA's driver build is not known in advance
 (Debian's packaging differs from Ubuntu's, and NVIDIA's set may change), so the answer for
 NVIDIA's CUDA repository also lists every package offered at the driver's exact version; the
-driver stage pins that set (gpubox.driver_plan).
+driver stage pins that set (gpubox.plans.driver).
 Asked only when needed: gpubox.answers keeps the answers on the box.
 
 This module is pure (the query's command, its parser, the pinned sets and what they miss); the
@@ -143,7 +143,7 @@ def pinned_sets(
     config: HostConfig, target: Target, docker_engine: dict[str, Any]
 ) -> list[PinnedSet]:
     """Every exact-version package set the deploy installs on this host, except the driver's
-    (gpubox.driver_plan resolves that one from the repository's answer)."""
+    (gpubox.plans.driver resolves that one from the repository's answer)."""
     cat = config.catalog
     cuda = config.cuda
     sets = [

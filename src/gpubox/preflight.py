@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from pyinfra import host, logger
 
-from gpubox import answers, compat, desktop, dpkg_ready, driver_plan, offers, readahead, runfile
+from gpubox import answers, compat, desktop, dpkg_ready, offers, readahead, runfile
 from gpubox.answers import KeptOffers
 from gpubox.config import HostConfig, Problem, Target, target_for
 from gpubox.errors import DeployRefused, HostRefused
@@ -29,6 +29,7 @@ from gpubox.facts import (
     prefetch,
     read_once,
 )
+from gpubox.plans import driver as driver_plan
 from gpubox.runfile import RunfileDriver
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller

@@ -21,8 +21,8 @@ from conftest import box_sh, plant
 from gpubox import bench as bench_records
 from gpubox import checks, demo, inventory, layout
 from gpubox.config import load_host_config
+from gpubox.plans import model as plan_model
 from gpubox.sandbox.standin import state as standin_state
-from gpubox.stages import model as model_stage
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_box")]
 
@@ -502,7 +502,7 @@ def _faults() -> list[tuple[str, str, str, set[str]]]:
     config = _config()
     held = config.driver_packages("debian").installed[0]
     prefix = config.cuda["prefix"]
-    model = model_stage.plan(config).path
+    model = plan_model.plan(config).path
     unit = layout.LLAMA_SERVER
     health = f"http://127.0.0.1:{config.api_port}/health"
     drop_runtime = (

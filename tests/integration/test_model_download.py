@@ -20,6 +20,7 @@ from conftest import box_sh
 
 from gpubox import demo, inventory
 from gpubox.config import HostConfig, load_host_config
+from gpubox.plans import model as plan_model
 from gpubox.sandbox import hub
 from gpubox.stages import model as model_stage
 
@@ -67,7 +68,7 @@ def test_the_default_deploy_fetches_the_model_with_hf_through_the_mirror():
     cfg = config()
     assert cfg.model_source == "hf" and cfg.hf_endpoint == info["hub_url"]
     assert cfg.catalog["pypi"]["index_url"] == info["pypi_index_url"]
-    p = model_stage.plan(cfg)
+    p = plan_model.plan(cfg)
     assert p.repo == info["hub_repo"]
 
     run = demo.deploy()
@@ -101,7 +102,7 @@ def test_the_default_deploy_fetches_the_model_with_hf_through_the_mirror():
 def test_a_slowed_down_download_shows_progress_lines():
     info = demo.box_info()
     data = large_file(info)
-    p = model_stage.plan(config(*data))
+    p = plan_model.plan(config(*data))
     size = info["hub_files"][p.file]["size"]
     # 32 MiB at 1 MB/s: about 34 s, three or more progress lines at 10 s intervals
     set_control(info, rate=1_000_000)
@@ -128,7 +129,7 @@ def test_a_slowed_down_download_shows_progress_lines():
 def test_an_interrupted_download_is_resumed_with_a_range_request():
     info = demo.box_info()
     data = large_file(info)
-    p = model_stage.plan(config(*data))
+    p = plan_model.plan(config(*data))
     size = info["hub_files"][p.file]["size"]
     box_sh(f"rm -f {p.path} {p.marker}")
     before = len(requests(info))
@@ -152,7 +153,7 @@ def test_an_interrupted_download_is_resumed_with_a_range_request():
 
 def test_a_wrong_checksum_is_refused_and_leaves_nothing_then_good_bytes_converge():
     info = demo.box_info()
-    p = model_stage.plan(config())
+    p = plan_model.plan(config())
     good = info["model_sha256"]
     data = bytearray(Path(info["hub_files"][p.file]["path"]).read_bytes())
     data[len(data) // 2] ^= 0xFF  # the byte the hub alters
@@ -195,7 +196,7 @@ def test_an_interrupted_download_resumes_and_fetches_only_the_rest():
     it left (curl -C -), so the mirror serves the file about once in all (< 1.2x its size)."""
     info = demo.box_info()
     data = large_file(info)
-    p = model_stage.plan(config(*data))
+    p = plan_model.plan(config(*data))
     size = info["hub_files"][p.file]["size"]
     box_sh(f"rm -rf {p.path} {p.marker} {p.path}.part")
     before = len(requests(info))

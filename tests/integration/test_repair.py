@@ -18,8 +18,8 @@ from conftest import box_sh
 
 from gpubox import demo, inventory, layout
 from gpubox.config import HostConfig, load_host_config
-from gpubox.stages import llamacpp_build
-from gpubox.stages import model as model_stage
+from gpubox.plans import llamacpp as plan_llamacpp
+from gpubox.plans import model as plan_model
 from gpubox.stages import tools as tools_stage
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_box")]
@@ -93,7 +93,7 @@ def test_persistence_switched_off_by_hand_is_switched_back_on():
 
 
 def test_a_truncated_model_is_downloaded_again_and_served():
-    p = model_stage.plan(config())
+    p = plan_model.plan(config())
     size = int(box_sh(f"stat -c %s {p.path}"))
     box_sh(f"truncate -s {size // 2} {p.path}")
     failed = failing("model.")
@@ -106,13 +106,13 @@ def test_a_truncated_model_is_downloaded_again_and_served():
 
 
 def test_a_deleted_llama_server_is_rebuilt_and_started():
-    b = llamacpp_build.llama_build(config())
+    b = plan_llamacpp.llama_build(config())
     # lost while running: the next start (a reboot, a crash) finds nothing to run
     box_sh(f"rm {b.binary} && systemctl restart {LLAMA} || true")
     failed = failing("backend.service", "backend.health")
     assert "backend.service" in failed
     assert "backend.health" in failed
-    assert box_sh(f"cat {b.directory}/{llamacpp_build.BUILD_INFO}").strip() == b.info
+    assert box_sh(f"cat {b.directory}/{plan_llamacpp.BUILD_INFO}").strip() == b.info
 
     run = redeploy()
     assert [n for n in run.changed_names if f"Build llama-server {b.tag}" in n]

@@ -105,7 +105,8 @@ def kept_offers(
     repositories' answers give) and the answers the first deploy kept (repo_answers)."""
     import hashlib
 
-    from gpubox import answers, driver_plan
+    from gpubox import answers
+    from gpubox.plans import driver as driver_plan
 
     config, target = _config_target(os_name, data)
     asked = answers.questions(config, target, offers.pinned_sets(config, target, {}))

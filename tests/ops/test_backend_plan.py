@@ -9,6 +9,8 @@ from conftest import REFERENCE, fresh_box
 
 from gpubox import rendering
 from gpubox.config import load_host_config, validate
+from gpubox.plans import llamacpp as plan_llamacpp
+from gpubox.plans import model as plan_model
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import llamacpp as llamacpp_stage
 from gpubox.stages import llamacpp_build, vllm_image
@@ -22,7 +24,7 @@ def problems(data):
 
 
 def test_llamacpp_is_built_for_sm_70_with_cuda_12_8():
-    build = llamacpp_build.llama_build(load_host_config("b", REFERENCE))
+    build = plan_llamacpp.llama_build(load_host_config("b", REFERENCE))
     flags = build.cmake_flags()
     assert flags[:2] == ["-G", "Ninja"]
     assert "-DGGML_CUDA=ON" in flags and "-DCMAKE_CUDA_ARCHITECTURES=70" in flags
@@ -31,13 +33,13 @@ def test_llamacpp_is_built_for_sm_70_with_cuda_12_8():
     assert "-DLLAMA_BUILD_NUMBER=11312" in flags and "-DLLAMA_BUILD_COMMIT=0c1e570" in flags
     assert build.binary == "/opt/llama.cpp/b11312/bin/llama-server"
     assert build.bench == "/opt/llama.cpp/b11312/bin/llama-bench"
-    cpu = llamacpp_build.llama_build(load_host_config("b", {**REFERENCE, "llamacpp_cuda": False}))
+    cpu = plan_llamacpp.llama_build(load_host_config("b", {**REFERENCE, "llamacpp_cuda": False}))
     assert "-DGGML_CUDA=OFF" in cpu.cmake_flags() and cpu.info != build.info
 
 
 def test_the_build_fetches_the_pinned_sdist_and_extracts_only_its_llama_cpp_tree():
     (command,) = llamacpp_build.build_commands(
-        llamacpp_build.llama_build(load_host_config("b", REFERENCE))
+        plan_llamacpp.llama_build(load_host_config("b", REFERENCE))
     )
     url = (
         "https://files.pythonhosted.org/packages/ec/e9/"
@@ -68,11 +70,11 @@ def test_a_github_tag_archive_by_override_strips_its_top_directory():
             "llamacpp.tree": "",
         },
     }
-    build = llamacpp_build.llama_build(load_host_config("b", data))
+    build = plan_llamacpp.llama_build(load_host_config("b", data))
     (command,) = llamacpp_build.build_commands(build)
     assert "https://github.example/llama.cpp/archive/refs/tags/b11312.tar.gz;" in command
     assert "--strip-components=1 --exclude=.git;" in command
-    assert build.info != llamacpp_build.llama_build(load_host_config("b", REFERENCE)).info
+    assert build.info != plan_llamacpp.llama_build(load_host_config("b", REFERENCE)).info
 
 
 def test_llama_server_flags_follow_the_config():
@@ -206,12 +208,12 @@ def test_fresh_box_builds_generates_a_key_and_waits_for_health(plan_of):
     # a long step: the build runs in the background, Ninja's "[n/N]" read from its log
     assert "gpubox long step" in build and "/opt/llama.cpp/b11312/build.log" in build
     (command,) = llamacpp_build.build_commands(
-        llamacpp_build.llama_build(load_host_config("b", data))
+        plan_llamacpp.llama_build(load_host_config("b", data))
     )
     assert command in build
     assert [n for n in plan.names if "Download and verify m.gguf" in n]  # waits for the unit
     assert [n for n in plan.names if "Start gpubox-model-download" in n]
-    p = model_stage.plan(load_host_config("b", data))
+    p = plan_model.plan(load_host_config("b", data))
     commands = "".join(model_stage.download_commands(p, "", ""))
     assert "curl -fsSL --retry 10 --retry-delay 5 -C - -o /srv/models/m.gguf.part" in commands
     assert plan.op("Generate the API key")
@@ -266,7 +268,7 @@ def test_vllm_plan_warms_up_and_stops_llama_server(plan_of):
 
 def test_model_download_from_hf_with_a_mirror():
     config = load_host_config("b", {**REFERENCE, "hf_endpoint": "https://hf-mirror.com"})
-    p = model_stage.plan(config)
+    p = plan_model.plan(config)
     commands = model_stage.download_commands(p, config.hf_endpoint, "")
     assert (
         "https://hf-mirror.com/unsloth/Qwen3-Next-80B-A3B-Thinking-GGUF/resolve/main/"

@@ -7,9 +7,10 @@ import re
 import pytest
 from conftest import REFERENCE, fresh_box, installed_pins, kept_offers, repo_answers
 
-from gpubox import dpkg_ready, driver_plan, offers
+from gpubox import dpkg_ready, offers
 from gpubox.config import load_host_config, target_for
 from gpubox.errors import DeployRefused
+from gpubox.plans import driver as driver_plan
 from gpubox.stages import driver as driver_stage
 
 

@@ -14,6 +14,7 @@ from conftest import REFERENCE, V100_LSPCI, fresh_box
 from gpubox import nccl, offers
 from gpubox.config import load_host_config
 from gpubox.errors import DeployRefused
+from gpubox.plans import llamacpp as plan_llamacpp
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import cuda as cuda_stage
 from gpubox.stages import llamacpp_build
@@ -38,21 +39,21 @@ ONE_GPU = {
 }
 
 
-def build_of(data: dict[str, object]) -> llamacpp_build.LlamaBuild:
-    return llamacpp_build.llama_build(load_host_config("b", data))
+def build_of(data: dict[str, object]) -> plan_llamacpp.LlamaBuild:
+    return plan_llamacpp.llama_build(load_host_config("b", data))
 
 
 def converged(data: dict[str, object], info: str | None = None) -> dict[object, object]:
     """A box whose model is verified and whose llama.cpp build recorded ``info``."""
-    from gpubox.stages import model as model_stage
+    from gpubox.plans import model as plan_model
 
     config = load_host_config("b", data)
-    p = model_stage.plan(config)
+    p = plan_model.plan(config)
     return fresh_box(
         "ubuntu2404",
         **{
             "gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"],
-            llamacpp_build.BUILD_INFO: build_of(data).info if info is None else info,
+            plan_llamacpp.BUILD_INFO: build_of(data).info if info is None else info,
             "systemctl is-active gpubox-llama-server": "active",
             f"test -s {config.api_key_file}": "yes",
         },

@@ -10,6 +10,7 @@ from pyinfra.api.command import FileUploadCommand
 
 from gpubox import deploying, progress
 from gpubox.config import load_host_config
+from gpubox.plans import model as plan_model
 from gpubox.stages import model as model_stage
 
 ANNOUNCED = "curl -sI --max-time 20 https://huggingface.co/unsloth/"
@@ -71,7 +72,7 @@ def test_the_download_is_a_unit_and_the_backend_waits_for_it_with_progress(plan_
     ]
     (step,) = plan.op("Download and verify Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf")
     config = load_host_config("b", data)
-    p = model_stage.plan(config)
+    p = plan_model.plan(config)
     assert step.startswith("# gpubox long step")
     assert progress.download_probe(p.path, 12345678) in step
     assert model_stage.wait_command(p) in step
@@ -142,9 +143,9 @@ def test_the_catalog_says_the_gguf_is_unpinned_and_hf_then_asks_for_main(plan_of
     config = load_host_config("b", REFERENCE)
     entry = config.catalog["models"][config.model]
     assert entry["revision"] is None and entry["modelscope_revision"] is None
-    p = model_stage.plan(config)
+    p = plan_model.plan(config)
     assert p.revision is None
-    size = model_stage.remote_size_command(p, "https://huggingface.co")
+    size = plan_model.remote_size_command(p, "https://huggingface.co")
     assert size and "/resolve/main/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in size
     written = uploads(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
     assert (
@@ -165,9 +166,9 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 )
 def test_hf_downloads_and_sizes_the_pinned_commit(plan_of, data, caplog):
     data = {**REFERENCE, **data}
-    p = model_stage.plan(load_host_config("b", data))
+    p = plan_model.plan(load_host_config("b", data))
     assert p.revision == COMMIT
-    size = model_stage.remote_size_command(p, "https://huggingface.co")
+    size = plan_model.remote_size_command(p, "https://huggingface.co")
     assert size and f"/resolve/{COMMIT}/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in size
     written = uploads(model_stage.model, data, fresh_box("ubuntu2404"))
     assert (
@@ -181,19 +182,19 @@ def test_modelscope_names_its_own_revision_only_where_the_catalog_has_one():
     ms = {**REFERENCE, "model_source": "modelscope"}
     hf_pinned = {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.revision": COMMIT}}
     # a Hugging Face commit is no ModelScope revision: not passed to modelscope
-    p = model_stage.plan(load_host_config("b", {**ms, **hf_pinned}))
+    p = plan_model.plan(load_host_config("b", {**ms, **hf_pinned}))
     assert p.revision is None
     commands = "".join(model_stage.download_commands(p, "", "https://www.modelscope.cn"))
     assert "--revision" not in commands
     pinned = {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.modelscope_revision": "v2"}}
-    p = model_stage.plan(load_host_config("b", {**ms, **pinned}))
+    p = plan_model.plan(load_host_config("b", {**ms, **pinned}))
     commands = "".join(model_stage.download_commands(p, "", "https://www.modelscope.cn"))
     assert "Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf --revision v2 --local_dir" in commands
-    assert model_stage.remote_size_command(p, "") is None
+    assert plan_model.remote_size_command(p, "") is None
 
 
 def test_a_verified_file_starts_nothing(plan_of):
-    p = model_stage.plan(load_host_config("b", REFERENCE))
+    p = plan_model.plan(load_host_config("b", REFERENCE))
     answers = fresh_box(
         "ubuntu2404",
         **{"gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"]},
@@ -229,7 +230,7 @@ def test_the_early_stage_starts_it_and_the_backend_only_waits(plan_of):
 def test_without_an_announced_size_the_progress_has_no_total(plan_of):
     plan = plan_of(model_stage.model, REFERENCE, fresh_box("ubuntu2404"))
     (step,) = plan.op("Download and verify")
-    p = model_stage.plan(load_host_config("b", REFERENCE))
+    p = plan_model.plan(load_host_config("b", REFERENCE))
     assert progress.download_probe(p.path, None) in step
 
 

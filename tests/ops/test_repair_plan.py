@@ -10,6 +10,8 @@ from conftest import REFERENCE, fresh_box
 
 from gpubox import operations
 from gpubox.config import load_host_config
+from gpubox.plans import llamacpp as plan_llamacpp
+from gpubox.plans import model as plan_model
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import cuda as cuda_stage
 from gpubox.stages import llamacpp_build
@@ -118,14 +120,14 @@ LLAMA_DATA = {
 
 def llama_answers(info: str | None = None, **extra: object) -> dict[object, object]:
     config = load_host_config("b", LLAMA_DATA)
-    b = llamacpp_build.llama_build(config)
-    p = model_stage.plan(config)
+    b = plan_llamacpp.llama_build(config)
+    p = plan_model.plan(config)
     return fresh_box(
         "ubuntu2404",
         **{
             # the model verified as it is now: no download planned
             "gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"],
-            llamacpp_build.BUILD_INFO: b.info if info is None else info,
+            plan_llamacpp.BUILD_INFO: b.info if info is None else info,
             "systemctl is-active gpubox-llama-server": "active",
             f"test -s {config.api_key_file}": "yes",
             **extra,
@@ -133,8 +135,8 @@ def llama_answers(info: str | None = None, **extra: object) -> dict[object, obje
     )
 
 
-def llama() -> llamacpp_build.LlamaBuild:
-    return llamacpp_build.llama_build(load_host_config("b", LLAMA_DATA))
+def llama() -> plan_llamacpp.LlamaBuild:
+    return plan_llamacpp.llama_build(load_host_config("b", LLAMA_DATA))
 
 
 def test_an_intact_build_is_not_rebuilt_and_nothing_restarts(plan_of):
@@ -146,7 +148,7 @@ def test_an_intact_build_is_not_rebuilt_and_nothing_restarts(plan_of):
 
 
 def test_a_deleted_llama_server_is_rebuilt_though_the_marker_matches_then_restarted(plan_of):
-    answers = llama_answers(**{llamacpp_build.BUILD_FILES: ["bin/llama-server"]})
+    answers = llama_answers(**{plan_llamacpp.BUILD_FILES: ["bin/llama-server"]})
     plan = plan_of(backend_stage.backend, LLAMA_DATA, answers)
     (build,) = plan.op("Build llama-server b11312")
     # the build runs as a long step (progress lines); the script inside it is the build's
@@ -162,16 +164,14 @@ def test_a_changed_build_info_rebuilds(plan_of):
 
 def test_a_build_from_before_the_manifest_is_recorded_not_rebuilt(plan_of):
     b = llama()
-    manifest = f"{b.directory}/{llamacpp_build.BUILD_FILES}"
-    answers = llama_answers(
-        **{llamacpp_build.BUILD_FILES: [manifest], f"test -x {b.binary}": "yes"}
-    )
+    manifest = f"{b.directory}/{plan_llamacpp.BUILD_FILES}"
+    answers = llama_answers(**{plan_llamacpp.BUILD_FILES: [manifest], f"test -x {b.binary}": "yes"})
     plan = plan_of(backend_stage.backend, LLAMA_DATA, answers)
     assert not [n for n in plan.names if "Build llama-server" in n]
     (record,) = plan.op("Record the files of llama-server b11312")
     assert "stat -c '%s %n' -- bin/*" in record and "BUILD-FILES" in record
     # ... unless its binary is gone too
-    gone = llama_answers(**{llamacpp_build.BUILD_FILES: [manifest]})
+    gone = llama_answers(**{plan_llamacpp.BUILD_FILES: [manifest]})
     assert plan_of(backend_stage.backend, LLAMA_DATA, gone).op("Build llama-server b11312")
 
 
@@ -206,7 +206,7 @@ def test_a_model_that_changed_since_it_was_verified_is_verified_again(plan_of):
     )
     plan = plan_of(model_stage.model, LLAMA_DATA, answers)
     config = load_host_config("b", LLAMA_DATA)
-    p = model_stage.plan(config)
+    p = plan_model.plan(config)
     ((download,),) = [c for n, c in plan.ops if "Download and verify m.gguf" in n]
     assert "gpubox long step" in download  # with progress lines (gpubox.progress)
     # the download runs in its unit (started again: the file no longer matches its marker)
@@ -218,7 +218,7 @@ def test_a_verified_model_plans_nothing_and_an_hf_one_leaves_no_token(plan_of):
     plan = plan_of(model_stage.model, LLAMA_DATA, llama_answers())
     assert not [n for n in plan.names if "Download" in n or "HF_TOKEN" in n]
     config = load_host_config("b", REFERENCE)
-    p = model_stage.plan(config)
+    p = plan_model.plan(config)
     answers = fresh_box(
         "ubuntu2404",
         **{"gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"]},
@@ -231,7 +231,7 @@ def test_a_verified_model_plans_nothing_and_an_hf_one_leaves_no_token(plan_of):
 def test_the_free_space_check_counts_the_file_already_there(plan_of):
     """A file to verify again needs no new space for the bytes it already has."""
     config = load_host_config("b", REFERENCE)
-    p = model_stage.plan(config)
+    p = plan_model.plan(config)
     weights = config.catalog["models"][config.model]["weights_gib"] * 2**30
     answers = fresh_box(
         "ubuntu2404",

@@ -1,4 +1,4 @@
-"""The vLLM checkpoint's plan (gpubox.stages.checkpoint, run by the model stage): the whole
+"""The vLLM checkpoint's plan (gpubox.plans.checkpoint, run by the model stage): the whole
 repository downloaded on the box before vLLM starts, as a long step whose progress total is the
 sum of the file sizes the Hub lists; skipped when the marker matches the files on the box;
 downloaded again (only the missing file) when one is missing or resized; the disk checked
@@ -16,10 +16,10 @@ from test_model_download_plan import uploads
 from gpubox import progress
 from gpubox.config import load_host_config
 from gpubox.errors import DeployRefused
+from gpubox.plans import checkpoint, model_script
+from gpubox.plans import vllm as plan_vllm
 from gpubox.stages import backend as backend_stage
-from gpubox.stages import checkpoint, model_script
 from gpubox.stages import model as model_stage
-from gpubox.stages import vllm as vllm_stage
 
 VLLM = {**REFERENCE, "backend": "vllm"}
 REPO = "jart25/Qwen3-Next-80B-A3B-Thinking-Int4-GPTQ"
@@ -201,7 +201,7 @@ def test_a_bad_vllm_revision_names_its_key():
 
 def test_vllm_serves_the_local_directory_with_the_hub_off():
     config = load_host_config("b", VLLM)
-    argv = vllm_stage.docker_argv(config)
+    argv = plan_vllm.docker_argv(config)
     image = config.catalog["vllm"]["image"]
     args = argv[argv.index(image) + 1 :]
     assert args[0] == "/models/jart25--Qwen3-Next-80B-A3B-Thinking-Int4-GPTQ"

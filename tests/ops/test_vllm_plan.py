@@ -17,6 +17,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from gpubox import torch_archs
 from gpubox.config import load_host_config
+from gpubox.plans import vllm as plan_vllm
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import vllm as vllm_stage
 from gpubox.stages import vllm_image
@@ -39,7 +40,7 @@ def short(names) -> list[str]:
 
 def first_deploy(**overrides: object) -> dict[object, object]:
     """A box with Docker but no image, no cache directory, no unit."""
-    return fresh_box("ubuntu2404", **{MISSING_DIRS: vllm_stage.cache_dirs(), **overrides})
+    return fresh_box("ubuntu2404", **{MISSING_DIRS: plan_vllm.cache_dirs(), **overrides})
 
 
 def converged(data: dict[str, object]) -> dict[object, object]:
@@ -68,7 +69,7 @@ def test_the_first_deploy_pulls_once_with_progress_and_makes_the_caches(plan_of)
     start = f"Start gpubox-vllm-pull (pull {IMAGE} in the background)"
     assert plan.op(re.escape(start)) == ["systemctl start gpubox-vllm-pull.service"]
     (mkdir,) = plan.op("vLLM cache directories")
-    assert mkdir == "mkdir -p " + " ".join(vllm_stage.cache_dirs())
+    assert mkdir == "mkdir -p " + " ".join(plan_vllm.cache_dirs())
     for name in ("huggingface", "vllm", "triton", "torchinductor", "torch"):
         assert f"/var/cache/gpubox/vllm/{name}" in mkdir
     # the pull comes before anything that starts the image
@@ -326,8 +327,8 @@ def test_vllm_attention_backend_is_nowhere_in_what_gpubox_renders(data):
     rendered = "\n".join(
         [
             vllm_stage.unit_text(config),
-            json.dumps(vllm_stage.container_env(config)),
-            " ".join(vllm_stage.docker_argv(config)),
+            json.dumps(plan_vllm.container_env(config)),
+            " ".join(plan_vllm.docker_argv(config)),
         ]
     )
     assert "VLLM_ATTENTION_BACKEND" not in rendered
@@ -342,11 +343,10 @@ def test_vllm_attention_backend_is_nowhere_in_what_gpubox_renders(data):
 
 def test_the_ssm_state_dtype_key_reaches_vllms_arguments():
     from gpubox.config import load_host_config
-    from gpubox.stages import vllm as vllm_stage
 
-    default = vllm_stage.vllm_args(load_host_config("b", VLLM))
+    default = plan_vllm.vllm_args(load_host_config("b", VLLM))
     assert "--mamba-ssm-cache-dtype" not in default
-    f32 = vllm_stage.vllm_args(
+    f32 = plan_vllm.vllm_args(
         load_host_config("b", {**VLLM, "vllm_mamba_ssm_cache_dtype": "float32"})
     )
     assert f32[-2:] == ["--mamba-ssm-cache-dtype", "float32"]

@@ -16,8 +16,8 @@ from typing import Any
 from aptsim import Action, AptRoot, Repo, Result, Stanza, read_stanzas, write_stanzas
 from helpers import REFERENCE
 
-from gpubox import driver_plan
 from gpubox.config import HostConfig, Target, load_host_config, target_for
+from gpubox.plans import driver as driver_plan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "apt"
 

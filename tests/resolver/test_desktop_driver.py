@@ -23,8 +23,9 @@ import pytest
 from aptmodels import World, build_world, host_config
 from aptsim import Stanza
 
-from gpubox import driver_plan, driver_replacement
+from gpubox import driver_replacement
 from gpubox.config import HostConfig
+from gpubox.plans import driver as driver_plan
 
 
 @pytest.fixture(scope="module")

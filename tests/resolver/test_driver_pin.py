@@ -16,8 +16,8 @@ import aptmodels as models
 import pytest
 from aptmodels import World, build_world, host_config
 
-from gpubox import driver_plan
 from gpubox.config import HostConfig
+from gpubox.plans import driver as driver_plan
 
 # No conftest.py here: the ops and host tiers import theirs by the name "conftest".
 

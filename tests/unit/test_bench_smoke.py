@@ -26,7 +26,7 @@ VLLM = load_host_config("box", {**REFERENCE, "backend": "vllm"})
 
 
 def test_four_configurations_from_the_units_docker_run():
-    from gpubox.stages import vllm as stage
+    from gpubox.plans import vllm as plan_vllm
 
     plan = smoke.host_plan("box", {**REFERENCE, "backend": "vllm"})
     assert plan.error is None and plan.backend == "vllm" and plan.unit == layout.VLLM
@@ -36,7 +36,7 @@ def test_four_configurations_from_the_units_docker_run():
         (True, False),
         (True, True),
     ]
-    unit_argv, args = stage.docker_argv(VLLM), stage.vllm_args(VLLM)
+    unit_argv, args = plan_vllm.docker_argv(VLLM), plan_vllm.vllm_args(VLLM)
     assert "--enforce-eager" not in args  # the deployed default: CUDA graphs on
     for variant in plan.variants:
         words = shlex.split(variant.start.split(" && ")[-1])

@@ -190,11 +190,11 @@ def gpu_burn(verdicts: tuple[str, str] = ("OK", "OK")) -> str:
 
 def active_outputs(config: HostConfig) -> dict[str, str | Output]:
     """What the facts that act on the box print on a converged one."""
-    from gpubox.stages import model
+    from gpubox.plans import model as plan_model
 
     listing = standin_outputs()["list"]
     container = "7c9e6b0d2f4a" + "0" * 52 + "\n"
-    plan = model.plan(config)
+    plan = plan_model.plan(config)
     return {
         "container_all": listing,
         "container_cdi": listing,

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 from helpers import bench_level
 
-from gpubox import bench, checks, doctor, driver_plan, layout, parsers
+from gpubox import bench, checks, doctor, layout, parsers
 from gpubox.checks.core import FACTS, Output, Unreachable
 from gpubox.checks.facts import SECTION, SERVICES, parse_systemctl_show
 from gpubox.config import HostConfig, load_host_config, target_for
+from gpubox.plans import driver as driver_plan
 from gpubox.sandbox import standin
 from gpubox.sandbox.standin import state as st
 
@@ -243,30 +244,30 @@ def sane_answer(content: str) -> dict[str, Any]:
 
 def vllm_outputs(config: HostConfig) -> dict[str, str]:
     """`docker inspect gpubox-vllm` and the compile caches of a converged vLLM box."""
-    from gpubox.stages import vllm as stage
+    from gpubox.plans import vllm as plan_vllm
 
     inspect = {
         "Id": "5d3c0b6a8f0e",
         "Path": "vllm",
-        "Args": ["serve", *stage.vllm_args(config)],
+        "Args": ["serve", *plan_vllm.vllm_args(config)],
         "State": {"Status": "running", "Running": True},
         "Config": {
             "Image": config.catalog["vllm"]["image"],
             "Env": [
                 f"{key}={value}"
-                for key, value in {"PATH": "/usr/local/bin:/usr/bin", **stage.CACHE_ENV}.items()
+                for key, value in {"PATH": "/usr/local/bin:/usr/bin", **plan_vllm.CACHE_ENV}.items()
             ],
         },
         "Mounts": [
             {
                 "Type": "bind",
-                "Source": f"{stage.CACHE_DIR}/{name}",
+                "Source": f"{plan_vllm.CACHE_DIR}/{name}",
                 "Destination": path,
                 "Mode": "",
                 "RW": True,
                 "Propagation": "rprivate",
             }
-            for name, path in stage.CACHES.items()
+            for name, path in plan_vllm.CACHES.items()
         ],
     }
     cache = layout.VLLM_CACHE_DIR
@@ -280,8 +281,9 @@ def vllm_outputs(config: HostConfig) -> dict[str, str]:
 def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
     """What every passive command but nvidia-smi, lspci and dcgmi prints on a converged
     Debian 12 box with ``config``, by fact name."""
-    from gpubox.stages import container_toolkit, model
-    from gpubox.stages.llamacpp_build import llama_build
+    from gpubox.plans import model as plan_model
+    from gpubox.plans.llamacpp import llama_build
+    from gpubox.stages import container_toolkit
 
     want = config.driver_packages("debian")
     version = want.package_version
@@ -294,7 +296,7 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
     )
     prefix = config.cuda["prefix"]
     build = llama_build(config)
-    plan = model.plan(config)
+    plan = plan_model.plan(config)
     outputs = {
         "os_release": OS_RELEASE,
         "kernel": "6.1.0-28-amd64\n",

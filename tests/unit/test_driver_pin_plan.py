@@ -8,8 +8,8 @@ import re
 import pytest
 from helpers import REFERENCE
 
-from gpubox import driver_plan
 from gpubox.config import load_host_config, target_for
+from gpubox.plans import driver as driver_plan
 
 UBUNTU = {"ID": "ubuntu", "VERSION_ID": "24.04"}
 DEBIAN = {"ID": "debian", "VERSION_ID": "12"}

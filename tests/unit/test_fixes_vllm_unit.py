@@ -10,6 +10,7 @@ import re
 import pytest
 
 from gpubox.config import load_host_config
+from gpubox.plans import vllm as plan_vllm
 from gpubox.stages import vllm as vllm_stage
 
 REFERENCE = {"gpu_model": "Tesla V100-SXM2-32GB", "gpu_count": 2, "backend": "vllm"}
@@ -107,7 +108,7 @@ def test_the_parser_follows_systemd():
     [NASTY, "'", '"', " ", "%", "$", "%%", "$$", ";", "\\;", "", "a\nExecStartPre=/bin/x", "ü"],
 )
 def test_each_argument_comes_back_as_it_went_in(arg):
-    assert systemd_words("/x " + vllm_stage.systemd_quote(arg)) == ["/x", arg]
+    assert systemd_words("/x " + plan_vllm.systemd_quote(arg)) == ["/x", arg]
 
 
 def test_the_unit_runs_docker_without_a_shell_and_keeps_every_argument():
@@ -118,7 +119,7 @@ def test_the_unit_runs_docker_without_a_shell_and_keeps_every_argument():
     argv = exec_start(unit)
     image = config.catalog["vllm"]["image"]
     assert argv[:2] == ["/usr/bin/docker", "run"]  # not /bin/sh -c '...'
-    assert argv[argv.index(image) + 1 :] == vllm_stage.vllm_args(config)
+    assert argv[argv.index(image) + 1 :] == plan_vllm.vllm_args(config)
     assert argv[argv.index("--served-model-name") + 1] == NASTY
     assert "/srv/my models/100%:/models" in argv
     assert argv[argv.index("--env-file") + 1] == "/run/gpubox-vllm/env"

@@ -643,8 +643,8 @@ def test_the_figures_join_the_hosts_bench_record(state_dir):
 
 def test_the_plan_is_what_the_deploy_installs_and_serves():
     from gpubox.layout import LLAMA_SERVER as LLAMA_UNIT
-    from gpubox.stages.llamacpp_build import llama_build
-    from gpubox.stages.model import plan as model_plan
+    from gpubox.plans.llamacpp import llama_build
+    from gpubox.plans.model import plan as model_plan
 
     data = {"ssh_hostname": "gpu1.example", "ssh_user": "admin", "_sudo": True}
     plan = llamabench.host_plan("box", data)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpubox.config import load_host_config
+from gpubox.plans import llamacpp as plan_llamacpp
+from gpubox.plans.llamacpp import BUILD_FILES, BUILD_INFO, source_check_command
 from gpubox.stages import llamacpp_build
-from gpubox.stages.llamacpp_build import BUILD_FILES, BUILD_INFO, source_check_command
 
 # The gate as llama.cpp writes it (ggml-cuda.cu), with the compute capability to test.
 GATE = """\
@@ -174,7 +175,7 @@ def box(tmp_path):
                 **data,
             },
         )
-        b = llamacpp_build.llama_build(config)
+        b = plan_llamacpp.llama_build(config)
         (command,) = llamacpp_build.build_commands(b)
         env = {
             **os.environ,
@@ -242,7 +243,7 @@ def test_a_github_style_archive_is_extracted_by_its_top_directory(box):
 
 
 def test_the_version_check_wants_the_catalogs_build_and_commit():
-    b = llamacpp_build.llama_build(load_host_config("b", {"llamacpp_cuda": False}))
+    b = plan_llamacpp.llama_build(load_host_config("b", {"llamacpp_cuda": False}))
     built = "version: 0.5.0-dev (build 11312, commit 0c1e570)\nbuilt with GNU 12.2.0 for Linux"
     assert b.is_version(built)
     assert b.is_version("version: 11312 (0c1e570)\nbuilt with cc")  # older trees' format
@@ -351,7 +352,7 @@ def test_a_second_build_of_the_same_inputs_compiles_nothing(tmp_path):
             },
         },
     )
-    b = llamacpp_build.llama_build(config)
+    b = plan_llamacpp.llama_build(config)
     (command,) = llamacpp_build.build_commands(b)
     env = {**os.environ, "CCACHE_DIR": str(cache)}
 

@@ -18,6 +18,7 @@ from helpers import model_plan, serving
 
 from gpubox import progress
 from gpubox.config import load_host_config, validate
+from gpubox.plans import model as plan_model
 from gpubox.sandbox import hub
 from gpubox.stages import model as model_stage
 
@@ -83,7 +84,7 @@ def test_a_good_download_moves_into_model_dir_and_leaves_nothing_else(hub_server
     # readable by others (llama-server runs as its own user): the script sets no umask
     assert (tmp_path / "models" / "tiny.gguf").stat().st_mode & 0o004
     assert sorted(os.listdir(tmp_path / "models")) == ["tiny.gguf", "tiny.gguf.gpubox-verified"]
-    assert model_stage.verified(p, state(p))
+    assert plan_model.verified(p, state(p))
     (get,) = hub_gets(tmp_path / "requests.jsonl")
     assert get["path"] == "/gpubox/tiny-GGUF/resolve/main/tiny.gguf" and get["status"] == 200
 
@@ -96,12 +97,12 @@ def test_a_wrong_checksum_is_refused_naming_both_and_nothing_stays(hub_server, t
     assert result.returncode == 1
     assert f"tiny.gguf has sha256 {SHA}, expected {BAD_SHA}; removed it" in result.stderr
     assert sorted(os.listdir(tmp_path / "models")) == []
-    assert not model_stage.verified(p, state(p))
+    assert not plan_model.verified(p, state(p))
     # the next run with the right sha256 converges
     p = plan(tmp_path / "models")
     result = run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}")
     assert result.returncode == 0, result.stderr
-    assert model_stage.verified(p, state(p))
+    assert plan_model.verified(p, state(p))
 
 
 def test_an_interrupted_download_is_resumed_not_started_again(hub_server, tmp_path):
@@ -190,7 +191,7 @@ def test_the_step_stops_at_the_first_failing_command_and_keeps_set_e():
 
 def state(p: model_stage.ModelPlan) -> str:
     return subprocess.run(
-        ["sh", "-c", model_stage.model_state_command(p)], capture_output=True, text=True
+        ["sh", "-c", plan_model.model_state_command(p)], capture_output=True, text=True
     ).stdout
 
 
@@ -259,11 +260,11 @@ def announced(command: str | None) -> str:
 def test_the_size_a_hub_announces_is_read(hub_server, tmp_path):
     endpoint = f"http://127.0.0.1:{hub_server}"
     p = plan(tmp_path)
-    assert announced(model_stage.remote_size_command(p, endpoint)).strip() == str(len(GOOD))
+    assert announced(plan_model.remote_size_command(p, endpoint)).strip() == str(len(GOOD))
     readme = model_stage.ModelPlan(**{**p.__dict__, "file": "README.md"})
-    assert announced(model_stage.remote_size_command(readme, endpoint)).strip() == "6"
+    assert announced(plan_model.remote_size_command(readme, endpoint)).strip() == "6"
     missing = model_stage.ModelPlan(**{**p.__dict__, "file": "nope.gguf"})
-    assert announced(model_stage.remote_size_command(missing, endpoint)) == ""
+    assert announced(plan_model.remote_size_command(missing, endpoint)) == ""
     url = model_stage.ModelPlan(
         **{
             **p.__dict__,
@@ -271,11 +272,11 @@ def test_the_size_a_hub_announces_is_read(hub_server, tmp_path):
             "url": f"{endpoint}/gpubox/tiny-GGUF/resolve/main/tiny.gguf",
         }
     )
-    assert announced(model_stage.remote_size_command(url, "")).strip() == str(len(GOOD))
-    assert model_stage.remote_size_command(plan(tmp_path, source="modelscope"), endpoint) is None
+    assert announced(plan_model.remote_size_command(url, "")).strip() == str(len(GOOD))
+    assert plan_model.remote_size_command(plan(tmp_path, source="modelscope"), endpoint) is None
     # nothing listens: no size, and the command still succeeds
     result = subprocess.run(
-        ["sh", "-c", model_stage.remote_size_command(p, "http://127.0.0.1:9") or ""],
+        ["sh", "-c", plan_model.remote_size_command(p, "http://127.0.0.1:9") or ""],
         capture_output=True,
         text=True,
     )
@@ -290,12 +291,12 @@ REFERENCE = {"gpu_model": "Tesla V100-SXM2-32GB", "gpu_count": 2, "driver_branch
 
 def test_model_repo_points_hf_and_modelscope_at_any_repository():
     config = load_host_config("b", {**REFERENCE, "model_repo": "me/my-GGUF"})
-    assert model_stage.plan(config).repo == "me/my-GGUF"
+    assert plan_model.plan(config).repo == "me/my-GGUF"
     config = load_host_config(
         "b", {**REFERENCE, "model_source": "modelscope", "model_repo": "me/ms-GGUF"}
     )
-    assert model_stage.plan(config).repo == "me/ms-GGUF"
-    default = model_stage.plan(load_host_config("b", REFERENCE))
+    assert plan_model.plan(config).repo == "me/ms-GGUF"
+    default = plan_model.plan(load_host_config("b", REFERENCE))
     assert (
         default.repo
         == load_host_config("b", REFERENCE).catalog["models"]["qwen3-next-80b-a3b-thinking"][
@@ -325,9 +326,9 @@ def test_model_repo_is_validated():
 
 def test_a_model_file_of_its_own_does_not_take_the_catalogs_size_or_checksum():
     sized = {"catalog_overrides": {"models.qwen3-next-80b-a3b-thinking.size": 123}}
-    assert model_stage.plan(load_host_config("b", {**REFERENCE, **sized})).size == 123
+    assert plan_model.plan(load_host_config("b", {**REFERENCE, **sized})).size == 123
     config = load_host_config("b", {**REFERENCE, **sized, "model_file": "other.gguf"})
-    p = model_stage.plan(config)
+    p = plan_model.plan(config)
     assert p.sha256 is None and p.size is None
 
 

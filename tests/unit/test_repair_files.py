@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpubox.facts import ManifestProblems, MissingPackageFiles, manifest_command
+from gpubox.plans import llamacpp as plan_llamacpp
 from gpubox.stages import llamacpp_build
 from gpubox.stages import tools as tools_stage
 
@@ -253,7 +254,7 @@ def llama(tmp_path):
         'chmod 755 "$b/bin/llama-server"; printf "lib %s" "$n" > "$b/bin/libllama.so"\n'
         'cp "$b/bin/llama-server" "$b/bin/llama-bench"\n',
     )
-    build = llamacpp_build.LlamaBuild(
+    build = plan_llamacpp.LlamaBuild(
         tag="b1",
         build_number=1,
         url="http://127.0.0.1:9/b1.tar.gz",
@@ -275,7 +276,7 @@ def llama_build(build, shims) -> subprocess.CompletedProcess:
 
 
 def marker(build) -> str | None:
-    path = Path(build.directory) / llamacpp_build.BUILD_INFO
+    path = Path(build.directory) / plan_llamacpp.BUILD_INFO
     return path.read_text().strip() if path.exists() else None
 
 
@@ -289,7 +290,7 @@ def test_a_complete_build_records_its_marker_and_files(llama):
     assert result.returncode == 0, result.stderr
     assert marker(build) == build.info
     assert served(build) == "build 1"
-    assert problems(Path(build.directory) / llamacpp_build.BUILD_FILES) == []
+    assert problems(Path(build.directory) / plan_llamacpp.BUILD_FILES) == []
 
 
 def test_a_build_killed_midway_leaves_no_marker_and_the_old_binary_served(llama, tmp_path):
@@ -336,7 +337,7 @@ def test_a_failing_build_or_copy_writes_no_marker(llama, tmp_path):
 def test_a_deleted_server_or_library_is_found_by_the_manifest(llama):
     build, shims = llama
     assert llama_build(build, shims).returncode == 0
-    manifest = Path(build.directory) / llamacpp_build.BUILD_FILES
+    manifest = Path(build.directory) / plan_llamacpp.BUILD_FILES
     os.remove(build.binary)
     assert problems(manifest) == ["bin/llama-server"]
     assert marker(build) == build.info  # the marker alone would have said "built"

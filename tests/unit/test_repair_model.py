@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import model_plan
 
+from gpubox.plans import model as plan_model
 from gpubox.stages import model as model_stage
 
 GOOD = b"GGUF tiny model stand-in\n" * 40
@@ -43,7 +44,7 @@ def run(commands: list[str], shims: Path | None = None) -> subprocess.CompletedP
 def state(p: model_stage.ModelPlan) -> str:
     """What the stage's fact reads on the box."""
     return subprocess.run(
-        ["sh", "-c", model_stage.model_state_command(p)], capture_output=True, text=True
+        ["sh", "-c", plan_model.model_state_command(p)], capture_output=True, text=True
     ).stdout
 
 
@@ -121,7 +122,7 @@ def test_the_token_file_is_removed_after_a_good_download(tmp_path):
     result = run(hf_commands(tmp_path, token), shims)
     assert result.returncode == 0, result.stderr
     assert not token.exists()
-    assert model_stage.verified(hf_plan(tmp_path / "models"), state(hf_plan(tmp_path / "models")))
+    assert plan_model.verified(hf_plan(tmp_path / "models"), state(hf_plan(tmp_path / "models")))
 
 
 def test_the_token_file_is_removed_when_the_file_was_intact(tmp_path):
@@ -167,7 +168,7 @@ def calls(tmp_path: Path) -> int:
 
 def deploy(p: model_stage.ModelPlan, shims: Path) -> subprocess.CompletedProcess | None:
     """What the stage does: nothing when the fact says verified, else the download."""
-    if model_stage.verified(p, state(p)):
+    if plan_model.verified(p, state(p)):
         return None
     return run(model_stage.download_commands(p, "", ""), shims)
 
@@ -186,7 +187,7 @@ def test_a_truncated_model_is_downloaded_again(tmp_path, curl, known):
 
     with open(p.path, "r+b") as f:  # truncated (a full disk, a careless copy)
         f.truncate(len(GOOD) // 2)
-    assert not model_stage.verified(p, state(p))
+    assert not plan_model.verified(p, state(p))
     again = deploy(p, curl)
     assert again is not None and again.returncode == 0, again and again.stderr
     assert calls(tmp_path) == 2 and Path(p.path).read_bytes() == GOOD
@@ -200,7 +201,7 @@ def test_a_corrupted_model_of_the_same_size_is_downloaded_again(tmp_path, curl):
     data[10] ^= 0xFF
     Path(p.path).write_bytes(bytes(data))  # rewritten in place: same size, new mtime
     os.utime(p.path, (1, 1))
-    assert not model_stage.verified(p, state(p))
+    assert not plan_model.verified(p, state(p))
     again = deploy(p, curl)
     assert again is not None and again.returncode == 0
     assert calls(tmp_path) == 2 and Path(p.path).read_bytes() == GOOD
@@ -221,7 +222,7 @@ def test_a_deleted_model_is_downloaded_again(tmp_path, curl):
     p = url_plan(tmp_path / "models")
     deploy(p, curl)
     os.remove(p.path)
-    assert not model_stage.verified(p, state(p))
+    assert not plan_model.verified(p, state(p))
     assert deploy(p, curl).returncode == 0
     assert calls(tmp_path) == 2 and Path(p.path).read_bytes() == GOOD
 

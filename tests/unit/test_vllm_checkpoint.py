@@ -1,4 +1,4 @@
-"""The vLLM checkpoint's shell (gpubox.stages.checkpoint), run for real with /bin/sh in a
+"""The vLLM checkpoint's shell (gpubox.plans.checkpoint), run for real with /bin/sh in a
 temporary directory and a fake `hf` that downloads as hf does (partial files under
 DIR/.cache/huggingface/download, then moved into DIR, a metadata file per file): the marker is
 written only once every listed file has its size; the state fact finds a missing or resized
@@ -20,8 +20,8 @@ import pytest
 from helpers import serving
 
 from gpubox import layout, progress
+from gpubox.plans import checkpoint, model_script
 from gpubox.sandbox import hub
-from gpubox.stages import checkpoint, model_script
 from gpubox.stages import model as model_stage
 
 REPO = "someone/Tiny-int4"

@@ -26,9 +26,9 @@ import pytest
 from helpers import serving
 
 from gpubox import catalog, progress
+from gpubox.plans import checkpoint
 from gpubox.sandbox import hub, pypi
 from gpubox.sandbox.box import cache_dir
-from gpubox.stages import checkpoint
 from gpubox.stages import model as model_stage
 
 REPO = "someone/Tiny-int4-AutoRound"

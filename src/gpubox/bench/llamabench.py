@@ -49,6 +49,8 @@ from gpubox.bench.llamabench_results import (
 )
 from gpubox.bench.records import host_url, load_record, record_url, save_record
 from gpubox.config import LLAMA_SPLIT_MODES as SPLIT_MODES
+from gpubox.plans.llamacpp import llama_build
+from gpubox.plans.model import plan as model_plan
 
 if TYPE_CHECKING:  # checks import the stages (pyinfra): not at `gpubox bench`'s start
     from gpubox.checks import Runner
@@ -58,8 +60,6 @@ def host_plan(name: str, data: dict[str, Any]) -> Plan:
     """The plan of one host, from the same HostConfig the deploy uses (run in the child)."""
     from gpubox import config, inventory
     from gpubox.checks.facts import api_base
-    from gpubox.stages.llamacpp_build import llama_build
-    from gpubox.stages.model import plan as model_plan
 
     try:
         cfg = config.load_host_config(name, data)

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpubox.bench.client import BenchError
+from gpubox.plans import vllm as stage
 
 CONTAINER = "gpubox-vllm-smoke"
 ENV_FILE = "/run/gpubox-vllm-smoke.env"  # root only (umask 077), removed at the end
@@ -155,8 +156,6 @@ def host_plan(name: str, data: dict[str, Any]) -> Plan:
         data={**ssh, **keys},
     )
     if cfg.backend == "vllm":
-        from gpubox.stages import vllm as stage
-
         docker, args = stage.docker_argv(cfg), stage.vllm_args(cfg)
         plan.variants = [
             Variant(

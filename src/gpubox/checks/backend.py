@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
-from gpubox import layout
+from gpubox import layout, vllm_rules
 from gpubox.checks.core import Check, Problem, Reading, Skip
 from gpubox.config import HostConfig
+from gpubox.plans import model
+from gpubox.plans import vllm as stage
+from gpubox.plans.llamacpp import llama_build as build
 
 
 def _unit(c: HostConfig) -> str:
@@ -141,8 +144,6 @@ def slots(c: HostConfig, r: Reading) -> str | None:
 
 
 def llama_build(c: HostConfig, r: Reading) -> list[str]:
-    from gpubox.stages.llamacpp_build import llama_build as build
-
     b, sections = build(c), r.get("llama_build")
     version = r.out("llama_build").stdout.split("@@gpubox ")[0]
     problems = []
@@ -173,8 +174,6 @@ def memory_on_every_gpu(c: HostConfig, r: Reading) -> str | None:
 def model_verified(c: HostConfig, r: Reading) -> str | None:
     """The model file is the one the deploy verified: its size and mtime are those its
     ``.gpubox-verified`` marker recorded (a truncated or rewritten file is not)."""
-    from gpubox.stages import model
-
     p, state = model.plan(c), r.get("model_state")
     if model.verified(p, state):
         return None
@@ -190,8 +189,6 @@ def model_verified(c: HostConfig, r: Reading) -> str | None:
 
 
 def model_checksum(c: HostConfig, r: Reading) -> str | None:
-    from gpubox.stages import model
-
     p = model.plan(c)
     if not p.sha256:
         raise Skip("no pinned checksum for this model file")
@@ -231,8 +228,6 @@ def tool_call(stream: bool):
 
 
 def vllm_container(c: HostConfig, r: Reading) -> list[str]:
-    from gpubox.stages import vllm as stage
-
     info, image = r.get("vllm_inspect"), c.catalog["vllm"]["image"]
     problems = []
     if info["Config"]["Image"] != image:
@@ -244,8 +239,6 @@ def vllm_container(c: HostConfig, r: Reading) -> list[str]:
 
 
 def vllm_caches(c: HostConfig, r: Reading) -> list[str]:
-    from gpubox.stages import vllm as stage
-
     info = r.get("vllm_inspect")
     mounts = {m["Destination"]: m["Source"] for m in info["Mounts"]}
     problems = [
@@ -274,8 +267,6 @@ def vllm_warm(c: HostConfig, r: Reading) -> list[str]:
 
 
 def vllm_compat(c: HostConfig, r: Reading) -> str | None:
-    from gpubox import vllm_rules
-
     cuda = vllm_rules.image_info(c.catalog["vllm"]).cuda
     if not vllm_rules.needs_forward_compat(cuda, c.branch):
         raise Skip(f"the image's CUDA {cuda} runs natively on driver branch {c.branch}")

@@ -10,10 +10,13 @@ import json
 import shlex
 from typing import Any
 
-from gpubox import kernels, layout, panel, parsers, secure_boot, users
+from gpubox import kernels, layout, panel, parsers, secure_boot, users, vllm_rules
 from gpubox.checks.core import Fact, fact
 from gpubox.config import HostConfig, Target
 from gpubox.parsers.secure_boot import parse_mok_state
+from gpubox.plans import model
+from gpubox.plans import vllm as vllm_stage
+from gpubox.plans.llamacpp import llama_build
 
 QUERY_FIELDS = [
     "index",
@@ -235,8 +238,6 @@ def _tool_call(stream: bool) -> Any:
 
 
 def _llama_build(config: HostConfig, target: Target | None) -> str | None:
-    from gpubox.stages.llamacpp_build import llama_build
-
     if config.backend != "llamacpp":
         return None
     b = llama_build(config)
@@ -248,16 +249,12 @@ def _llama_build(config: HostConfig, target: Target | None) -> str | None:
 
 
 def _model_state(config: HostConfig, target: Target | None) -> str | None:
-    from gpubox.stages import model
-
     if config.backend != "llamacpp":
         return None
     return model.model_state_command(model.plan(config))
 
 
 def _model_sha256(config: HostConfig, target: Target | None) -> str | None:
-    from gpubox.stages import model
-
     if config.backend != "llamacpp":
         return None
     return f"sha256sum {shlex.quote(model.plan(config).path)}"
@@ -268,9 +265,6 @@ def _vllm(command: str) -> Any:
 
 
 def _vllm_compat(config: HostConfig, target: Target | None) -> str | None:
-    from gpubox import vllm_rules
-    from gpubox.stages import vllm as vllm_stage
-
     if config.backend != "vllm":
         return None
     cuda = vllm_rules.image_info(config.catalog["vllm"]).cuda

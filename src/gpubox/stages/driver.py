@@ -15,7 +15,6 @@ from pyinfra.operations import apt, server
 from gpubox import (
     answers,
     desktop,
-    driver_plan,
     driver_replacement,
     kernels,
     layout,
@@ -35,6 +34,7 @@ from gpubox.facts import (
     read_once,
 )
 from gpubox.operations import ManagedFiles
+from gpubox.plans import driver as driver_plan
 from gpubox.rendering import FILES, render
 from gpubox.stages import current_config, units
 from gpubox.stages.apt_repo import nvidia_repo

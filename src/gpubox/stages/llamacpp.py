@@ -15,9 +15,10 @@ from gpubox import layout
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
+from gpubox.plans import llamacpp as plan_llamacpp
+from gpubox.plans.model import plan as model_plan
 from gpubox.rendering import render
 from gpubox.stages import llamacpp_build, serving, units
-from gpubox.stages.model import plan as model_plan
 
 
 def llama_args(config: HostConfig, model_path: str) -> list[str]:
@@ -105,7 +106,7 @@ def llamacpp(config: HostConfig, wait_for_model: Callable[[], Any]) -> None:
     the build does), then llama-server (re)started when either changed."""
     build = llamacpp_build.build(config)
     model_change = wait_for_model()
-    b = llamacpp_build.llama_build(config)
+    b = plan_llamacpp.llama_build(config)
     if not service_user_in_place():
         server.user(
             name="System user llama",

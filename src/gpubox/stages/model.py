@@ -3,7 +3,7 @@ ModelScope, or a plain HTTPS URL) in the background, resumed, verified (sha256 w
 size otherwise) and skipped when it is already there and verified (docs/models.md).
 
 The download is a systemd unit (gpubox-model-download, running a script this stage writes:
-gpubox.stages.model_script), started by the early stage `model_download` before the driver,
+gpubox.plans.model_script), started by the early stage `model_download` before the driver,
 and enabled until the file verifies, so that it goes on after the driver's reboot. The backend
 stage's `model` waits for it as a long step (bytes, rate, ETA) where the server needs the file,
 and fails with the unit's last journal lines when it failed. A re-run with a verified file
@@ -29,7 +29,7 @@ included) is removed with it. The tools are installed with pip from catalog
 With the vLLM backend the model is a whole Hugging Face repository (the catalog's
 ``vllm_repo``), downloaded with hf by the same unit (``begin_checkpoint``, from the early
 stage) into ``<model_dir>/<org>--<name>/``; `vllm_checkpoint` waits for it before vLLM
-starts (gpubox.stages.checkpoint)."""
+starts (gpubox.plans.checkpoint)."""
 
 from __future__ import annotations
 
@@ -46,10 +46,18 @@ from gpubox.config import HostConfig
 from gpubox.errors import DeployRefused
 from gpubox.facts import CommandOutput, NetworkOutput
 from gpubox.operations import ManagedFiles
+from gpubox.plans import checkpoint, model_script
+from gpubox.plans.model import (
+    model_state_command,
+    plan,
+    present_size,
+    remote_size_command,
+    verified,
+)
 from gpubox.rendering import as_file
-from gpubox.stages import checkpoint, current_config, model_script, units
+from gpubox.stages import current_config, units
 
-# The download's shell (gpubox.stages.model_script), under the names the stage's users know.
+# The download's shell (gpubox.plans.model_script), under the names the stage's users know.
 HF_QUIET = model_script.HF_QUIET
 STAT_FORMAT = model_script.STAT_FORMAT
 ModelPlan = model_script.ModelPlan
@@ -69,86 +77,6 @@ step_command = model_script.step_command
 HF_VENV = layout.HF_VENV
 TOKEN_FILE = layout.HF_TOKEN_FILE
 PROGRESS_EVERY = 10
-
-
-def plan(config: HostConfig) -> ModelPlan:
-    model = config.catalog["models"][config.model]
-    source = config.model_source
-    repo = config.model_repo or (
-        model["modelscope_repo"] if source == "modelscope" else model["hf_repo"]
-    )
-    name = config.model_file or model["file"]
-    catalog_file = name == model["file"]
-    sha256 = config.model_sha256 or (model["sha256"] if catalog_file else None)
-    # The catalog's revision belongs to its own file in its own repository (the sha256 was
-    # taken at that commit); model_revision names one for any.
-    catalog_revision = model.get("modelscope_revision" if source == "modelscope" else "revision")
-    revision = config.model_revision or (
-        catalog_revision if catalog_file and not config.model_repo else None
-    )
-    return ModelPlan(
-        source=source,
-        repo=repo,
-        file=name,
-        url=config.model_url,
-        sha256=sha256 or None,
-        size=(model.get("size") or None) if catalog_file else None,
-        directory=config.model_dir,
-        revision=(revision or None) if source != "url" else None,
-    )
-
-
-def verified(p: ModelPlan, state: str) -> bool:
-    """Whether the fact `model_state_command` answered says the file is the one verified."""
-    values = {k: v for k, _, v in (line.partition("=") for line in state.splitlines())}
-    current = values.get("file", "")
-    return bool(current) and values.get("marker") == f"{p.stamp} {current}"
-
-
-def present_size(state: str) -> int:
-    """The size of the file now, from the answer to `model_state_command` (0 when absent)."""
-    for line in state.splitlines():
-        if line.startswith("file=size="):
-            size = line[len("file=size=") :].split()[0]
-            return int(size) if size.isdigit() else 0
-    return 0
-
-
-# From response headers (one block per response, redirects first): the Hub's X-Linked-Size,
-# else the Content-Length of a final 200.
-_SIZE_AWK = (
-    '/^HTTP\\// { split($0, w, " "); status = w[2]; size = "" } '
-    'tolower($1) == "x-linked-size" { linked = $2 } '
-    'tolower($1) == "content-length" { size = $2 } '
-    'END { if (linked != "") print linked; else if (status == "200") print size }'
-)
-
-
-def remote_size_command(p: ModelPlan, hf_endpoint: str) -> str | None:
-    """A shell command that prints the file's size as its server announces it (nothing when
-    unknown): for hf, the Hub's ``X-Linked-Size`` (an LFS file, answered with a redirect) or
-    the ``Content-Length`` of a 200 to ``HEAD .../resolve/REVISION/FILE`` (main unpinned);
-    for a URL, the final response's ``Content-Length`` after redirects. None for modelscope
-    (no such call)."""
-    if p.source == "hf":
-        url = model_script.hf_resolve_url(p, hf_endpoint)
-        flags = "-sI"
-    elif p.source == "url" and p.url:
-        url, flags = p.url, "-sIL"
-    else:
-        return None
-    return (
-        f"if command -v curl >/dev/null 2>&1; then curl {flags} --max-time 20 "
-        f"{shlex.quote(url)} 2>/dev/null | tr -d '\\r' | awk -F': *' {shlex.quote(_SIZE_AWK)}; fi"
-    )
-
-
-def model_state_command(p: ModelPlan) -> str:
-    q = shlex.quote
-    return (
-        f'echo "marker=$(cat {q(p.marker)} 2>/dev/null)"; '
-        f'echo "file=$(stat -c {q(STAT_FORMAT)} {q(p.path)} 2>/dev/null)"'
-    )
 
 
 @dataclass
@@ -398,7 +326,7 @@ def begin_checkpoint(config: HostConfig) -> _Begun:
 
 
 def vllm_checkpoint(config: HostConfig):
-    """The vLLM backend's checkpoint (gpubox.stages.checkpoint): its download begun (when the
+    """The vLLM backend's checkpoint (gpubox.plans.checkpoint): its download begun (when the
     early stage did not) and waited for as a long step, before vLLM starts; nothing when its
     marker says every file is there. Returns the wait operation or None."""
     begun = begin_checkpoint(config)

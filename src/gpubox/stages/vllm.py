@@ -21,7 +21,7 @@ start and keeps autotuning results on disk; the caches below live on the host, s
 reuses them, and the warm-up sends prompts of several lengths, so what is left compiles
 before a user comes.
 
-The checkpoint is downloaded in the background (gpubox.stages.checkpoint) into
+The checkpoint is downloaded in the background (gpubox.plans.checkpoint) into
 <model_dir>/<org>--<name>/, and the image pulled in the background (gpubox.stages.vllm_image);
 this stage waits for both (long steps with bytes and rate) before vLLM starts. vLLM serves that
 directory (/models/<org>--<name> in the container) with HF_HUB_OFFLINE=1, so it never
@@ -36,7 +36,6 @@ where llama.cpp says `reasoning_content`: clients should read both.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 
 from pyinfra import host
@@ -47,31 +46,16 @@ from gpubox import compat, layout, torch_archs, vllm_rules
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
+from gpubox.plans import checkpoint
+from gpubox.plans.vllm import (
+    cache_dirs,
+    compat_check_command,
+    docker_argv,
+    model_repo,
+    systemd_quote,
+)
 from gpubox.rendering import render
-from gpubox.stages import checkpoint, serving, units, vllm_image
-
-CACHE_DIR = layout.VLLM_CACHE_DIR
-
-# Host directory (under CACHE_DIR) -> where the container sees it. TorchInductor's cache
-# defaults to /tmp, which a --rm container loses at every restart: it gets a volume and
-# TORCHINDUCTOR_CACHE_DIR. Triton keeps compiled kernels in TRITON_CACHE_DIR and, with
-# TRITON_CACHE_AUTOTUNING=1, its autotuning results too. vLLM keeps its torch.compile
-# artifacts under its cache root. The checkpoint is not in the Hub cache: the model stage
-# downloads it into model_dir (mounted on /models) and the Hub stays off (HF_HUB_OFFLINE=1).
-CACHES = {
-    "huggingface": "/root/.cache/huggingface",
-    "vllm": "/root/.cache/vllm",
-    "triton": "/root/.triton",
-    "torchinductor": "/root/.cache/torchinductor",
-    "torch": "/root/.cache/torch",
-}
-CACHE_ENV = {
-    "HF_HOME": CACHES["huggingface"],
-    "VLLM_CACHE_ROOT": CACHES["vllm"],
-    "TRITON_CACHE_DIR": CACHES["triton"] + "/cache",
-    "TRITON_CACHE_AUTOTUNING": "1",
-    "TORCHINDUCTOR_CACHE_DIR": CACHES["torchinductor"],
-}
+from gpubox.stages import serving, units, vllm_image
 
 # Warm-up: prompts of about 16, 512 and 2,048 tokens and a long one (half the context, at most
 # WARM_UP_LONGEST), each answered with WARM_UP_TOKENS tokens (the end of sequence ignored) so
@@ -80,91 +64,6 @@ WARM_UP_LENGTHS = (16, 512, 2048)
 WARM_UP_LONGEST = 16384
 WARM_UP_TOKENS = 64
 WARM_UP_MAX_TIME = 900  # seconds per request: a cold first request took 240 s
-
-
-def model_repo(config: HostConfig) -> str:
-    return config.catalog["models"][config.model]["vllm_repo"]
-
-
-def vllm_args(config: HostConfig) -> list[str]:
-    model = config.catalog["models"][config.model]
-    args = [
-        checkpoint.plan(config).container_path,  # the repository, downloaded by the model stage
-        "--served-model-name", config.model_alias,
-        "--tensor-parallel-size", str(config.vllm_tensor_parallel or config.gpu_count),
-        "--dtype", "half",  # Volta has no bf16
-        "--attention-backend", "TRITON_ATTN",  # no FlashAttention 2 on sm_70
-        "--max-model-len", str(config.model_ctx),
-        "--max-num-seqs", str(config.model_parallel),
-        "--gpu-memory-utilization", str(config.vllm_gpu_memory_utilization),
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--reasoning-parser", "deepseek_r1",
-    ]  # fmt: skip
-    flag = vllm_rules.quantization_flag(model)
-    if flag:
-        args[1:1] = ["--quantization", flag]
-    if config.vllm_enforce_eager:
-        args.append("--enforce-eager")
-    if config.vllm_mamba_ssm_cache_dtype != "auto":
-        args += ["--mamba-ssm-cache-dtype", config.vllm_mamba_ssm_cache_dtype]
-    return args
-
-
-_SYSTEMD_BARE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
-_SYSTEMD_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def systemd_quote(arg: str) -> str:
-    """One word of a systemd command line (ExecStart=) that systemd turns back into ``arg``:
-    double-quoted with C escapes where needed, "%%" for "%" (specifiers), "$$" for "$"
-    (environment variables). No shell is involved."""
-    if _SYSTEMD_BARE.fullmatch(arg):
-        return arg
-    out = []
-    for c in arg:
-        if c in _SYSTEMD_ESCAPES:
-            out.append(_SYSTEMD_ESCAPES[c])
-        elif c in "%$":
-            out.append(c + c)
-        elif ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append(f"\\x{ord(c):02x}")
-        else:
-            out.append(c)
-    return '"' + "".join(out) + '"'
-
-
-def cache_dirs() -> list[str]:
-    """The host directories of the caches (CACHES), in a stable order."""
-    return [f"{CACHE_DIR}/{name}" for name in CACHES]
-
-
-def container_env(config: HostConfig) -> dict[str, str]:
-    env = dict(CACHE_ENV)
-    # the checkpoint is a local directory: vLLM (transformers, huggingface_hub) asks no Hub
-    env["HF_HUB_OFFLINE"] = "1"
-    if config.hf_endpoint:
-        env["HF_ENDPOINT"] = config.hf_endpoint  # a Hub mirror, as for the model stage
-    return env
-
-
-def docker_argv(config: HostConfig) -> list[str]:
-    """The unit's `docker run`. The API key reaches the container through --env-file, a file
-    the unit writes from its credential at each start (runtime directory, root only). It never
-    pulls (--pull never): the deploy pulls the image once (gpubox.stages.vllm_image)."""
-    image = config.catalog["vllm"]["image"]
-    volumes = [f"{config.model_dir}:/models"] + [
-        f"{CACHE_DIR}/{name}:{path}" for name, path in CACHES.items()
-    ]
-    return [
-        "/usr/bin/docker", "run", "--rm", "--name", layout.VLLM, "--pull", "never",
-        "--runtime", "nvidia", "--gpus", "all", "--ipc=host",
-        "-p", f"{config.api_host}:{config.api_port}:8000",
-        *[w for v in volumes for w in ("-v", v)],
-        *[w for k, v in container_env(config).items() for w in ("-e", f"{k}={v}")],
-        "--env-file", layout.VLLM_ENV_FILE,
-        image,
-        *vllm_args(config),
-    ]  # fmt: skip
 
 
 def unit_text(config: HostConfig) -> str:
@@ -180,27 +79,6 @@ def unit_text(config: HostConfig) -> str:
         runtime_dir=layout.VLLM_RUNTIME_DIR,
         env_file=layout.VLLM_ENV_FILE,
         exec_start=" ".join(systemd_quote(a) for a in argv),
-    )
-
-
-# --- CUDA forward compatibility ------------------------------------------------------------
-
-
-def compat_check_command(image: str, cuda: str, driver_cuda: str) -> str:
-    """Whether the image carries the cuda-compat user-mode driver of its CUDA (vLLM's images
-    install it under /usr/local/cuda-<version>/compat/ and register it with ldconfig); a clear
-    error otherwise. Runs the image without a GPU, its entrypoint replaced by sh."""
-    path = f"/usr/local/cuda-{cuda}/compat"
-    inner = f"ls {path}/libcuda.so.*"
-    message = (
-        f"{image} has no {path}/libcuda.so.*: it is built on CUDA {cuda}, newer than the "
-        f"CUDA {driver_cuda} of the driver, so it runs only through CUDA forward "
-        "compatibility, and it lacks the libraries for that. Use an image built on CUDA "
-        f"{driver_cuda} or older, or a driver branch for CUDA {cuda}."
-    )
-    return (
-        f"docker run --rm --pull never --entrypoint sh {shlex.quote(image)} -c "
-        f"{shlex.quote(inner)} >/dev/null 2>&1 || {{ echo {shlex.quote(message)} >&2; exit 1; }}"
     )
 
 

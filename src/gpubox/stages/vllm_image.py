@@ -26,7 +26,8 @@ from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
-from gpubox.stages import current_config, model_script, units
+from gpubox.plans import model_script
+from gpubox.stages import current_config, units
 
 UNIT = "gpubox-vllm-pull"
 UNIT_FILE = layout.unit_file(UNIT)

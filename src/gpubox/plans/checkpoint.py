@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from gpubox import layout
 from gpubox.config import HostConfig
-from gpubox.stages import model_script
+from gpubox.plans import model_script
 
 MARKER_SUFFIX = ".gpubox-complete"
 CONTAINER_MODELS = "/models"  # where the vLLM container mounts model_dir

@@ -96,7 +96,7 @@ CREDENTIAL = "hf-token"  # the unit's LoadCredential= name for the Hugging Face 
 # The stall watchdog samples the bytes every second; a transfer that fails (not a stall) is
 # tried ATTEMPTS times, RETRY_S apart; after MAX_STALLS stalls the download fails. The
 # transfer sees how many stalls came before it in $GPUBOX_STALLS: hf runs with Xet off
-# (HF_HUB_DISABLE_XET=1) from the XET_OFF_AFTER-th (gpubox.stages.checkpoint).
+# (HF_HUB_DISABLE_XET=1) from the XET_OFF_AFTER-th (gpubox.plans.checkpoint).
 ATTEMPTS = 3
 RETRY_S = 5
 MAX_STALLS = 6

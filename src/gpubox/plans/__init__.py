@@ -1,0 +1,3 @@
+"""Pure plans: what a stage does, computed from a host's configuration (and the facts it is
+given), no I/O and nothing of pyinfra. The stages follow them; the checks, bench and doctor
+import them at the top to judge a box by the plan the stage followed."""
