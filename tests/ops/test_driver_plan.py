@@ -69,7 +69,7 @@ def test_ubuntu_repository_is_nvidias_ubuntu2404_with_a_pinned_key(plan_of):
     assert command.endswith(" && apt-get update") and "/var/lib/apt/lists/lock" in command
     assert update in plan.conditional
     config = load_host_config("box", REFERENCE)
-    from gpubox.stages.apt_repo import cuda_source_line as source_line
+    from gpubox.ops.apt_repo import cuda_source_line as source_line
 
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)
     assert source_line(config, target) == (
@@ -227,9 +227,9 @@ def converged_ubuntu_box() -> dict[object, object]:
     """Fact answers of an Ubuntu 24.04 box that a deploy already converged."""
     import hashlib
 
+    from gpubox.ops.apt_repo import cuda_source_line as source_line
     from gpubox.rendering import FILES, render
     from gpubox.stages import cuda as cuda_stage
-    from gpubox.stages.apt_repo import cuda_source_line as source_line
 
     config = load_host_config("box", REFERENCE)
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)

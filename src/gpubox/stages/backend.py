@@ -7,10 +7,10 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from gpubox import layout
+from gpubox.ops.serving import stop_other
 from gpubox.stages import current_config
 from gpubox.stages.llamacpp import llamacpp
 from gpubox.stages.model import model as model_stage
-from gpubox.stages.serving import stop_other
 from gpubox.stages.vllm import vllm
 
 

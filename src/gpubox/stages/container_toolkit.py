@@ -20,11 +20,12 @@ from gpubox import answers, layout, operations, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
+from gpubox.ops import units
+from gpubox.ops.apt_repo import apt_repo
+from gpubox.ops.packages import install_pinned
 from gpubox.rendering import FILES, render
-from gpubox.stages import current_config, units
-from gpubox.stages.apt_repo import apt_repo
+from gpubox.stages import current_config
 from gpubox.stages.docker import reload_docker
-from gpubox.stages.packages import install_pinned
 
 # What nvidia-ctk runtime configure writes.
 NVIDIA_RUNTIME = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}

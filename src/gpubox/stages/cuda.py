@@ -24,10 +24,10 @@ from gpubox import answers, apt_versions, layout, nccl, operations, preflight, p
 from gpubox.config import HostConfig, Target
 from gpubox.errors import DeployRefused
 from gpubox.operations import ManagedFiles
+from gpubox.ops.apt_repo import nvidia_repo
+from gpubox.ops.packages import install_pinned
 from gpubox.rendering import render
 from gpubox.stages import current_config
-from gpubox.stages.apt_repo import nvidia_repo
-from gpubox.stages.packages import install_pinned
 
 # The paths under the names the plan tests use.
 PROFILE_FILE = layout.CUDA_PROFILE

@@ -14,10 +14,11 @@ from gpubox import answers, layout, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
+from gpubox.ops import units
+from gpubox.ops.apt_repo import nvidia_repo
+from gpubox.ops.packages import install_pinned
 from gpubox.rendering import render
-from gpubox.stages import current_config, units
-from gpubox.stages.apt_repo import nvidia_repo
-from gpubox.stages.packages import install_pinned
+from gpubox.stages import current_config
 
 # Where nv-hostengine listens (gpubox.layout, where the checks read it too).
 HOSTENGINE_ADDRESS = layout.HOSTENGINE_ADDRESS

@@ -21,8 +21,9 @@ from gpubox import answers, layout, operations, preflight
 from gpubox.apt_sources import placeholders
 from gpubox.config import HostConfig, Target
 from gpubox.facts import DockerEngine, UserGroups, read_once
-from gpubox.stages import current_config, units
-from gpubox.stages.apt_repo import apt_repo
+from gpubox.ops import units
+from gpubox.ops.apt_repo import apt_repo
+from gpubox.stages import current_config
 
 GROUP = layout.DOCKER_GROUP
 

@@ -34,11 +34,12 @@ from gpubox.facts import (
     read_once,
 )
 from gpubox.operations import ManagedFiles
+from gpubox.ops import units
+from gpubox.ops.apt_repo import nvidia_repo
+from gpubox.ops.packages import install_pinned
 from gpubox.plans import driver as driver_plan
 from gpubox.rendering import FILES, render
-from gpubox.stages import current_config, units
-from gpubox.stages.apt_repo import nvidia_repo
-from gpubox.stages.packages import install_pinned
+from gpubox.stages import current_config
 
 # The paths under the names the plan tests use.
 PIN_FILE = layout.DRIVER_PIN

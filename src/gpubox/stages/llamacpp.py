@@ -15,10 +15,11 @@ from gpubox import layout
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
+from gpubox.ops import serving, units
 from gpubox.plans import llamacpp as plan_llamacpp
 from gpubox.plans.model import plan as model_plan
 from gpubox.rendering import render
-from gpubox.stages import llamacpp_build, serving, units
+from gpubox.stages import llamacpp_build
 
 
 def llama_args(config: HostConfig, model_path: str) -> list[str]:

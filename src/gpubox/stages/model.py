@@ -46,6 +46,7 @@ from gpubox.config import HostConfig
 from gpubox.errors import DeployRefused
 from gpubox.facts import CommandOutput, NetworkOutput
 from gpubox.operations import ManagedFiles
+from gpubox.ops import units
 from gpubox.plans import checkpoint, model_script
 from gpubox.plans.model import (
     model_state_command,
@@ -55,7 +56,7 @@ from gpubox.plans.model import (
     verified,
 )
 from gpubox.rendering import as_file
-from gpubox.stages import current_config, units
+from gpubox.stages import current_config
 
 # The download's shell (gpubox.plans.model_script), under the names the stage's users know.
 HF_QUIET = model_script.HF_QUIET

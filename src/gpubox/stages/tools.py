@@ -16,9 +16,9 @@ from gpubox import answers, dpkg_ready, layout, operations, preflight
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
 from gpubox.operations import ManagedFiles
+from gpubox.ops.apt_repo import nvidia_repo
 from gpubox.rendering import render
 from gpubox.stages import current_config
-from gpubox.stages.apt_repo import nvidia_repo
 
 STAMP = ".gpubox-build"
 MANIFEST = ".gpubox-files"  # sizes of the build's outputs, what `gpu-burn` runs

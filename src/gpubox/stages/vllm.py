@@ -46,6 +46,7 @@ from gpubox import compat, layout, torch_archs, vllm_rules
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
+from gpubox.ops import serving, units
 from gpubox.plans import checkpoint
 from gpubox.plans.vllm import (
     cache_dirs,
@@ -55,7 +56,7 @@ from gpubox.plans.vllm import (
     systemd_quote,
 )
 from gpubox.rendering import render
-from gpubox.stages import serving, units, vllm_image
+from gpubox.stages import vllm_image
 
 # Warm-up: prompts of about 16, 512 and 2,048 tokens and a long one (half the context, at most
 # WARM_UP_LONGEST), each answered with WARM_UP_TOKENS tokens (the end of sequence ignored) so

@@ -26,8 +26,9 @@ from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
+from gpubox.ops import units
 from gpubox.plans import model_script
-from gpubox.stages import current_config, units
+from gpubox.stages import current_config
 
 UNIT = "gpubox-vllm-pull"
 UNIT_FILE = layout.unit_file(UNIT)

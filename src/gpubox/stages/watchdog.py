@@ -18,8 +18,9 @@ from gpubox import watchdog as script
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
 from gpubox.operations import ManagedFiles
+from gpubox.ops import units
 from gpubox.rendering import render
-from gpubox.stages import current_config, units
+from gpubox.stages import current_config
 
 PYTHON = "/usr/bin/python3"
 

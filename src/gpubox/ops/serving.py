@@ -13,7 +13,7 @@ from pyinfra.operations import server, systemd
 
 from gpubox.config import HostConfig
 from gpubox.facts import CommandOutput
-from gpubox.stages import units
+from gpubox.ops import units
 
 
 @operation(is_idempotent=False)

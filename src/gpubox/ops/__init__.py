@@ -1,0 +1,3 @@
+"""The stages' shared pyinfra helpers, one layer below the stages: `packages.py`
+(`install_pinned`), `units.py` (`restart_on_change`), `apt_repo.py` (third-party repositories
+and their keys), `serving.py` (the API key, `/health`, a backend's unit)."""
