@@ -1,33 +1,7 @@
-"""llama.cpp built on the box from the catalog's pinned source: llama-server (the API) and
-llama-bench (the raw speed of the GPUs on the model), for the GPUs' compute capability, with
-CUDA (or for the CPU: llamacpp_cuda false).
+"""The llama.cpp build's operations on the box: download, verify, extract, build, install.
 
-The source is one archive whose sha256 the catalog pins: by default PyPI's llama-cpp-python
-sdist, which vendors a whole llama.cpp tree (catalog.yml says why). The build downloads it,
-refuses it unless its sha256 is the pinned one, extracts only the llama.cpp tree (``tree``;
-"" for an archive whose one top directory is the tree, like GitHub's tag archives), checks
-that the source runs CUDA graphs on compute capability 7.0, and builds with CMake and Ninja.
-The sdist carries no git history, so the build number and commit come from the catalog
-(``llama-server --version`` shows them).
-
-The build is all or nothing: its marker (BUILD-INFO.json) is removed before anything in the
-install directory changes and written last, after the complete build's bin/ has replaced the
-old one in a rename and the size of each of its files is recorded (BUILD-FILES). A build cut
-short (a killed deploy) leaves no marker and is built again; a deleted or changed binary or
-library is rebuilt even when the marker matches; the service only ever runs a bin/ that was
-complete when it was put in place.
-
-The compiler cache (``llamacpp_ccache``, on by default): every compile goes through ccache,
-whose directory (``llamacpp_ccache_dir``, by default ``<model_dir>/.ccache``) lives on the
-models' volume, so a box rebuilt on a fresh system disk, or a second build with the same inputs,
-compiles nothing again. The launcher does not change what is built, so it is not part of
-BUILD-INFO: turning the cache on or off never forces a rebuild by itself.
-
-NCCL: with CUDA on and more than one GPU, the build asks for NCCL (``-DGGML_CUDA_NCCL=ON``;
-llama.cpp's all-reduces of ``-sm tensor`` go through it) and refuses to finish when CMake did
-not find it (llama.cpp would only warn, and serve slower); the CUDA stage installs it
-(gpubox.nccl). One GPU, or a CPU build: ``OFF``, so what is linked never depends on what
-else happens to be installed. The flag is in BUILD-INFO: adding NCCL rebuilds."""
+What is built and why (the pinned source, the all-or-nothing marker, the compiler cache,
+NCCL) is the plan's to say: gpubox.plans.llamacpp."""
 
 from __future__ import annotations
 
