@@ -88,36 +88,60 @@ class Tunnel:
             with self._lock:
                 self._open += [local, remote]
             pump = threading.Thread(
-                target=self._pump, args=(local, remote), name="gpubox-tunnel-pump", daemon=True
+                target=self._pump, args=(local, remote), name="gpubox-tunnel-up", daemon=True
             )
-            self._threads.append(pump)
+            with self._lock:
+                self._threads.append(pump)
             pump.start()
 
     def _pump(self, local: socket.socket, remote: Any) -> None:
+        """Carry one forwarded pair, a thread each way, until either end closes. The box's
+        side is read with blocking ``recv`` and never asked for a file descriptor: paramiko
+        makes a pipe for a channel's ``fileno()``, and its transport thread can write to
+        that pipe just after the channel closed it; the EBADF that follows ends the whole
+        SSH session ("Socket exception: Bad file descriptor (9)"), and every later request
+        through the tunnel is reset (paramiko issues #1700 and #2271, open in 4.0)."""
+        down = threading.Thread(
+            target=self._carry_down, args=(local, remote), name="gpubox-tunnel-down", daemon=True
+        )
+        with self._lock:
+            self._threads.append(down)
+        down.start()
         try:
             while not self._stop.is_set():
-                ready, _, _ = select.select([local, remote], [], [], POLL_S)
-                for source in ready:
-                    data = source.recv(CHUNK)
-                    if not data:
-                        return
-                    (remote if source is local else local).sendall(data)
-        except OSError:
+                ready, _, _ = select.select([local], [], [], POLL_S)
+                if not ready:
+                    continue
+                data = local.recv(CHUNK)
+                if not data:
+                    return
+                remote.sendall(data)
+        except (OSError, EOFError):
             return
         finally:
-            for end in (local, remote):
-                with contextlib.suppress(Exception):
-                    end.close()
+            _end(local, remote)
+
+    def _carry_down(self, local: socket.socket, remote: Any) -> None:
+        """The box's answers to this machine; a closed channel (or shut socket) reads b""."""
+        try:
+            while not self._stop.is_set():
+                data = remote.recv(CHUNK)
+                if not data:
+                    return
+                local.sendall(data)
+        except (OSError, EOFError):
+            return
+        finally:
+            _end(local, remote)
 
     def close(self) -> None:
         self._stop.set()
         with contextlib.suppress(OSError):
             self._server.close()
         with self._lock:
-            for end in self._open:
-                with contextlib.suppress(Exception):
-                    end.close()
-        for thread in self._threads:
+            _end(*self._open)
+            threads = list(self._threads)
+        for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=2 * POLL_S + 1)
 
@@ -130,6 +154,16 @@ class Tunnel:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _end(*ends: Any) -> None:
+    """Shut and close each end (a socket or a paramiko channel; done twice is harmless): the
+    shutdown wakes a thread blocked in ``recv`` on a socket, the close one on a channel."""
+    for end in ends:
+        with contextlib.suppress(Exception):
+            end.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(Exception):
+            end.close()
 
 
 def ssh_opener(client: Any, address: str, port: int, timeout: float = 10.0) -> Opener:

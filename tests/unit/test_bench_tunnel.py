@@ -78,6 +78,48 @@ def test_the_tunnel_forwards_on_loopback_and_stops_when_closed(api: ThreadingHTT
         pass  # nothing listens any more
 
 
+class _NoDescriptor:
+    """A channel-like end that refuses ``fileno()``: paramiko answers it with a pipe that its
+    transport thread may write to after the channel closed it (EBADF, the session ends)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.asked = 0
+
+    def fileno(self) -> int:
+        self.asked += 1
+        raise AssertionError("the tunnel asked a channel for a file descriptor")
+
+    def recv(self, size: int) -> bytes:
+        return self._sock.recv(size)
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def shutdown(self, how: int) -> None:
+        self._sock.shutdown(how)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def test_the_tunnel_reads_the_boxs_side_without_its_file_descriptor(
+    api: ThreadingHTTPServer,
+) -> None:
+    ends: list[_NoDescriptor] = []
+
+    def opener(peer: tuple[str, int]) -> _NoDescriptor:
+        ends.append(_NoDescriptor(socket.create_connection(api.server_address[:2], timeout=5)))
+        return ends[-1]
+
+    with tunnel.Tunnel(opener) as forward:
+        for n in range(5):
+            with urllib.request.urlopen(f"{forward.url}/{n}", timeout=5) as resp:
+                assert resp.read() == f"hello /{n}".encode()
+    assert len(ends) == 5 and [end.asked for end in ends] == [0] * 5
+    assert forward.alive() == 0
+
+
 def test_the_tunnel_never_binds_beyond_loopback() -> None:
     with pytest.raises(ValueError, match="loopback only"):
         tunnel.Tunnel(lambda peer: None, bind="0.0.0.0")
@@ -394,5 +436,26 @@ def test_reach_connect_goes_through_the_ssh_configs_proxycommand(
     try:
         _, stdout, _ = client.exec_command("echo through", timeout=10)
         assert stdout.read() == b"through\n"
+    finally:
+        client.close()
+
+
+def test_many_short_connections_through_a_real_ssh_session_keep_it_open(
+    ssh_box: tuple[int, Path, _Box], api: ThreadingHTTPServer
+) -> None:
+    """The bench's pattern over paramiko for real: connection after connection, each closed
+    by the client; the session must outlive them all (it once ended with EBADF midway)."""
+    port, key_file, box = ssh_box
+    data = {"ssh_hostname": "127.0.0.1", "ssh_port": port, "ssh_user": "t"}
+    client = reach.connect("box", {**data, "ssh_key": str(key_file)}, timeout=5)
+    address, api_port = api.server_address[:2]
+    try:
+        with tunnel.Tunnel(tunnel.ssh_opener(client, address, api_port)) as forward:
+            for n in range(60):
+                with urllib.request.urlopen(f"{forward.url}/{n}", timeout=10) as resp:
+                    assert resp.read() == f"hello /{n}".encode()
+            assert forward.errors == []
+            assert client.get_transport().is_active()
+        assert forward.alive() == 0
     finally:
         client.close()
