@@ -115,12 +115,6 @@ def test_offered_is_every_name_at_the_version_and_the_roots_with_all_their_versi
     }
 
 
-def test_stanzas_keep_continuation_lines_and_skip_comments():
-    (first, *_) = driver_plan.parse_stanzas(INDEX)
-    assert first["Package"] == "nvidia-driver-cuda"
-    assert first["Depends"] == "nvidia-smi (= 580.126.09-1),\n libcuda1 (= 580.126.09-1)"
-
-
 def test_debian_plan_pins_what_nvidia_builds_at_the_version_and_refuses_the_rest():
     plan = debian_plan()
     assert plan.package_version == "570.211.01-1"
