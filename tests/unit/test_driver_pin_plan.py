@@ -9,6 +9,7 @@ import pytest
 from helpers import REFERENCE
 
 from gpubox.config import load_host_config, target_for
+from gpubox.parsers import parse_stanzas
 from gpubox.plans import driver as driver_plan
 
 UBUNTU = {"ID": "ubuntu", "VERSION_ID": "24.04"}
@@ -67,12 +68,7 @@ def debian_plan(**data):
 
 def blocks(pin):
     """The pin's stanzas as (Package names, Pin, Pin-Priority)."""
-    out = []
-    for stanza in pin.split("\n\n"):
-        fields = dict(re.findall(r"^(Package|Pin|Pin-Priority): (.*)$", stanza, re.M))
-        if fields:
-            out.append((fields["Package"].split(), fields["Pin"], fields["Pin-Priority"]))
-    return out
+    return [(s["Package"].split(), s["Pin"], s["Pin-Priority"]) for s in parse_stanzas(pin)]
 
 
 def test_package_version_is_the_catalogs_for_the_branch_and_family():
