@@ -159,7 +159,7 @@ _FIELD_NAME = re.compile(r"^[!-\"$-,.-9;-~][!-9;-~]*$")
 
 @dataclass(frozen=True)
 class Stanza:
-    """One deb822 stanza: its fields in their order, each value as the text holds it. A
+    r"""One deb822 stanza: its fields in their order, each value as the text holds it. A
     value is its first line without the whitespace around it, then each continuation line
     with its newline and its leading whitespace as written ("Depends: a,\n b" holds
     ``"a,\n b"``; "Conffiles:\n /etc/x 0123" holds ``"\n /etc/x 0123"``).
@@ -201,7 +201,8 @@ def parse_stanzas(text: str) -> list[Stanza]:
     of the field above it (it starts with a space or a tab).
 
     Raises ParseError on a line that is neither, on a continuation line with no field above
-    it, and on a field named twice in one stanza (dpkg and apt refuse those too)."""
+    it, and on a field named twice in one stanza (dpkg refuses that too: "duplicate value
+    for 'Version' field")."""
     stanzas: list[Stanza] = []
     fields: list[tuple[str, str]] = []
     seen: set[str] = set()

@@ -102,6 +102,7 @@ METADATA_SOURCES = ("nvidia-graphics-drivers", "nvidia-open-gpu-kernel-modules")
 # NVIDIA's repository names a package differently from Debian: Debian name -> NVIDIA's name.
 RENAMES = {"nvidia-open-kernel-dkms": "nvidia-kernel-open-dkms"}
 
+
 # --------------------------------------------------------------------------- index stanzas
 
 
