@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpubox.parsers import apt as deb822
+from gpubox.parsers import parse_apt_policy
 
 # Fields of an index stanza that a dpkg status stanza does not carry.
 _INDEX_ONLY = re.compile(
@@ -229,14 +230,10 @@ class AptRoot:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"apt-cache policy failed:\n{done.stdout}{done.stderr}")
-        table: dict[str, dict[str, int]] = {}
-        current: dict[str, int] = {}
-        for line in done.stdout.splitlines():
-            if re.match(r"^\S+:$", line):
-                current = table.setdefault(line[:-1], {})
-            elif m := re.match(r"^ (?:\*\*\*| {3}) (\S+) (-?\d+)$", line):
-                current[m[1]] = int(m[2])
-        return table
+        return {
+            name: {v.version: v.priority for v in policy.versions}
+            for name, policy in parse_apt_policy(done.stdout).items()
+        }
 
     def simulate(self, *args: str) -> Result:
         """``apt-get -s ARGS`` (answers yes; nothing is installed anywhere)."""
