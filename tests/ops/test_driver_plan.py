@@ -10,6 +10,7 @@ from conftest import REFERENCE, fresh_box, installed_pins, kept_offers, repo_ans
 from gpubox import dpkg_ready, offers
 from gpubox.config import load_host_config, target_for
 from gpubox.errors import DeployRefused
+from gpubox.parsers import parse_stanzas
 from gpubox.plans import driver as driver_plan
 from gpubox.stages import driver as driver_stage
 
@@ -80,8 +81,7 @@ def test_ubuntu_repository_is_nvidias_ubuntu2404_with_a_pinned_key(plan_of):
 
 def test_ubuntu_pin_is_exact_and_refuses_the_archives_stubs_and_open_modules():
     pin = plan_for("ubuntu2404").pin
-    stanzas = [s for s in pin.split("\n\n") if "Package:" in s]
-    fields = [dict(re.findall(r"^(Package|Pin|Pin-Priority): (.*)$", s, re.M)) for s in stanzas]
+    fields = parse_stanzas(pin)
     assert fields[0]["Pin"] == "version 570.211.01-0ubuntu1"
     assert fields[0]["Pin-Priority"] == "1001"
     assert sorted(fields[0]["Package"].split()) == sorted(UBUNTU_570)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aptsim import Action, AptRoot, Repo, Result, Stanza, read_stanzas, write_stanzas
+from aptsim import Action, AptRoot, Repo, Result, Stanza, read_stanzas
 from helpers import REFERENCE
 
 from gpubox.config import HostConfig, Target, load_host_config, target_for
+from gpubox.parsers.apt import format_stanza, format_stanzas
 from gpubox.plans import driver as driver_plan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "apt"
@@ -145,7 +146,7 @@ def by_suite(stanzas: Iterable[Stanza]) -> dict[str, list[Stanza]]:
     """Recorded stanzas grouped by the suite they were recorded from."""
     suites: dict[str, list[Stanza]] = {}
     for s in stanzas:
-        suite = s.get("X-Recorded-From").split("/")[0]
+        suite = s.get("X-Recorded-From", "").split("/")[0]
         suites.setdefault(suite, []).append(s)
     return suites
 
@@ -157,7 +158,7 @@ def _reversion(stanza: Stanza, template: tuple[str, str, str], version: str) -> 
     branch, upstream, full = template
     new_upstream = version.split("-")[0]
     new_branch = new_upstream.split(".")[0]
-    text = stanza.text().replace(full, version).replace(upstream, new_upstream)
+    text = format_stanza(stanza).replace(full, version).replace(upstream, new_upstream)
     text = re.sub(rf"-{branch}(?=$|[-_/\s,:)])", f"-{new_branch}", text, flags=re.M)
     text = text.replace(f"(>= {branch})", f"(>= {new_branch})")
     return Stanza.parse(text).replace(Origin=None, Bugs=None, X_Recorded_From=None)
@@ -206,9 +207,8 @@ def _downloadable(stanza: Stanza) -> Stanza:
     if stanza.get("Filename"):
         return stanza
     version = stanza.version.split(":")[-1]
-    return stanza.replace(
-        Filename=f"pool/{stanza.package}_{version}_{stanza.get('Architecture')}.deb", Size="4096"
-    )
+    arch = stanza.get("Architecture", "")
+    return stanza.replace(Filename=f"pool/{stanza.package}_{version}_{arch}.deb", Size="4096")
 
 
 def desktop_status() -> list[Stanza]:
@@ -408,10 +408,10 @@ class World:
         driver stage's fact computes it from the host's."""
         if nvidia is None:
             if not self._index:
-                self._index = write_stanzas(self.nvidia.stanzas)
+                self._index = format_stanzas(self.nvidia.stanzas)
             index = self._index
         else:
-            index = write_stanzas(nvidia.stanzas)
+            index = format_stanzas(nvidia.stanzas)
         install, _ = driver_plan.roots(config, self.family)
         offered = driver_plan.offered_from_stanzas(
             index,

@@ -17,42 +17,32 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpubox.parsers import apt as deb822
+from gpubox.parsers import parse_apt_policy
+
 # Fields of an index stanza that a dpkg status stanza does not carry.
 _INDEX_ONLY = re.compile(
     r"^(Filename|Size|MD5sum|SHA1|SHA256|SHA512|Description-md5|X-Recorded-From|Origin|Bugs)$"
 )
 
 
-@dataclass(frozen=True)
-class Stanza:
-    """One package stanza, its fields in order (continuation lines kept in the value)."""
-
-    fields: tuple[tuple[str, str], ...]
+class Stanza(deb822.Stanza):
+    """One package stanza: ``gpubox.parsers.apt``'s (its fields in order, continuation lines
+    kept in the value), with what the resolver tier asks of a package."""
 
     @classmethod
     def parse(cls, text: str) -> Stanza:
-        fields: list[list[str]] = []
-        for line in text.splitlines():
-            if line[:1] in (" ", "\t") and fields:
-                fields[-1][1] += "\n" + line
-            elif line.strip():
-                name, _, value = line.partition(":")
-                fields.append([name, value.strip()])
-        return cls(tuple((n, v) for n, v in fields))
-
-    def get(self, name: str, default: str = "") -> str:
-        for key, value in self.fields:
-            if key == name:
-                return value
-        return default
+        """The one stanza of ``text``."""
+        (stanza,) = deb822.parse_stanzas(text)
+        return cls(stanza.fields)
 
     @property
     def package(self) -> str:
-        return self.get("Package")
+        return self.get("Package", "")
 
     @property
     def version(self) -> str:
-        return self.get("Version")
+        return self.get("Version", "")
 
     @property
     def source(self) -> str:
@@ -67,9 +57,6 @@ class Stanza:
         out += [(k, v) for k, v in wanted.items() if k not in dict(self.fields)]
         return Stanza(tuple((k, v) for k, v in out if v is not None))
 
-    def text(self) -> str:
-        return "".join(f"{k}: {v}\n" for k, v in self.fields)
-
     def as_installed(self, status: str = "install ok installed") -> Stanza:
         kept = [(k, v) for k, v in self.fields if not _INDEX_ONLY.match(k)]
         return Stanza((kept[0], ("Status", status), *kept[1:]))
@@ -78,12 +65,7 @@ class Stanza:
 def read_stanzas(text: str) -> list[Stanza]:
     """The stanzas of a Packages file; ``#`` comment lines (the recording's header) dropped,
     apt does not read them in an index."""
-    kept = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    return [Stanza.parse(chunk) for chunk in re.split(r"\n\s*\n", kept) if chunk.strip()]
-
-
-def write_stanzas(stanzas: Iterable[Stanza]) -> str:
-    return "\n".join(s.text() for s in stanzas)
+    return [Stanza(s.fields) for s in deb822.parse_stanzas(text)]
 
 
 @dataclass(frozen=True)
@@ -159,7 +141,7 @@ class AptRoot:
     def add_repo(self, repo: Repo) -> None:
         where = self.path / "repos" / repo.name
         where.mkdir(parents=True, exist_ok=True)
-        (where / "Packages").write_text(write_stanzas(repo.stanzas))
+        (where / "Packages").write_text(deb822.format_stanzas(repo.stanzas))
         options = {
             "Origin": repo.origin,
             "Label": repo.label,
@@ -181,7 +163,7 @@ class AptRoot:
         self.repos[repo.name] = repo
 
     def set_status(self, stanzas: Iterable[Stanza]) -> None:
-        self.status_file.write_text(write_stanzas(stanzas))
+        self.status_file.write_text(deb822.format_stanzas(stanzas))
 
     def status(self) -> list[Stanza]:
         return read_stanzas(self.status_file.read_text())
@@ -248,14 +230,10 @@ class AptRoot:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"apt-cache policy failed:\n{done.stdout}{done.stderr}")
-        table: dict[str, dict[str, int]] = {}
-        current: dict[str, int] = {}
-        for line in done.stdout.splitlines():
-            if re.match(r"^\S+:$", line):
-                current = table.setdefault(line[:-1], {})
-            elif m := re.match(r"^ (?:\*\*\*| {3}) (\S+) (-?\d+)$", line):
-                current[m[1]] = int(m[2])
-        return table
+        return {
+            name: {v.version: v.priority for v in policy.versions}
+            for name, policy in parse_apt_policy(done.stdout).items()
+        }
 
     def simulate(self, *args: str) -> Result:
         """``apt-get -s ARGS`` (answers yes; nothing is installed anywhere)."""

@@ -9,6 +9,7 @@ import pytest
 from helpers import REFERENCE
 
 from gpubox.config import load_host_config, target_for
+from gpubox.parsers import parse_stanzas
 from gpubox.plans import driver as driver_plan
 
 UBUNTU = {"ID": "ubuntu", "VERSION_ID": "24.04"}
@@ -67,12 +68,7 @@ def debian_plan(**data):
 
 def blocks(pin):
     """The pin's stanzas as (Package names, Pin, Pin-Priority)."""
-    out = []
-    for stanza in pin.split("\n\n"):
-        fields = dict(re.findall(r"^(Package|Pin|Pin-Priority): (.*)$", stanza, re.M))
-        if fields:
-            out.append((fields["Package"].split(), fields["Pin"], fields["Pin-Priority"]))
-    return out
+    return [(s["Package"].split(), s["Pin"], s["Pin-Priority"]) for s in parse_stanzas(pin)]
 
 
 def test_package_version_is_the_catalogs_for_the_branch_and_family():
@@ -113,12 +109,6 @@ def test_offered_is_every_name_at_the_version_and_the_roots_with_all_their_versi
     assert driver_plan.offered_from_stanzas(INDEX, "570.1-1", ["nvidia-driver-cuda"]) == {
         "nvidia-driver-cuda": ["580.126.09-1", "570.211.01-1"]
     }
-
-
-def test_stanzas_keep_continuation_lines_and_skip_comments():
-    (first, *_) = driver_plan.parse_stanzas(INDEX)
-    assert first["Package"] == "nvidia-driver-cuda"
-    assert first["Depends"] == "nvidia-smi (= 580.126.09-1),\n libcuda1 (= 580.126.09-1)"
 
 
 def test_debian_plan_pins_what_nvidia_builds_at_the_version_and_refuses_the_rest():

@@ -1559,10 +1559,10 @@ def test_payload_is_a_stand_in_where_it_touches_hardware(built):
         capture_output=True,
         check=True,
     ).stdout
-    from gpubox.sandbox import debian_real
+    from gpubox.sandbox import debfile
 
     assert so[:4] == b"\x7fELF" and len(so) < 20000
-    assert debian_real.elf_info(so) == {"type": "library", "soname": "libcuda.so.1"}
+    assert debfile.elf_info(so) == {"type": "library", "soname": "libcuda.so.1"}
 
 
 def test_dkms_source_builds_placeholder_modules(real, built, tmp_path: Path):

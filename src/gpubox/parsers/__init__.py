@@ -6,7 +6,8 @@
   mokutil --sb-state, users' groups (id -nG);
 - ``systemd``: systemctl get-default, systemctl show -p, loginctl show-session -p;
 - ``secure_boot``: mokutil --test-key, openssl x509, modinfo's signer, module taint;
-- ``apt``: apt-cache policy, apt-mark showhold, dpkg-query;
+- ``apt``: apt-cache policy, apt-mark showhold, dpkg-query, and deb822 stanzas (``Stanza``,
+  ``parse_stanzas``; ``format_stanza(s)`` writes them back);
 - ``gpu_burn``: gpu-burn (a burn and `gpu_burn -l`);
 - ``dcgm``: DCGM's dcgmi (discovery -l, dmon, diag -j, and the errors it prints when it cannot
   do its work);
@@ -26,9 +27,13 @@ from gpubox.parsers.apt import (
     AptPolicy,
     AptPolicyVersion,
     DpkgPackage,
+    Stanza,
+    format_stanza,
+    format_stanzas,
     parse_apt_policy,
     parse_dpkg_query,
     parse_showhold,
+    parse_stanzas,
 )
 from gpubox.parsers.dcgm import (
     DcgmDiag,
@@ -111,6 +116,7 @@ __all__ = [
     "SmiGpu",
     "SmiTable",
     "SmiTableGpu",
+    "Stanza",
     "Topology",
     "UnitState",
     "nvml_library_version",
@@ -121,6 +127,8 @@ __all__ = [
     "parse_dcgmi_error",
     "parse_default_target",
     "parse_dpkg_query",
+    "format_stanza",
+    "format_stanzas",
     "parse_gpu_burn",
     "parse_gpu_burn_list",
     "parse_login_session",
@@ -136,6 +144,7 @@ __all__ = [
     "parse_smi_error",
     "parse_smi_list",
     "parse_smi_table",
+    "parse_stanzas",
     "parse_topo_matrix",
     "parse_unit_state",
     "parse_user_groups",

@@ -1,8 +1,11 @@
-"""apt and dpkg: `apt-cache policy`, `apt-mark showhold` and `dpkg-query`."""
+"""apt and dpkg: `apt-cache policy`, `apt-mark showhold`, `dpkg-query`, and deb822 stanzas (a
+Packages index, a dpkg status file, a package's control file, `apt-cache show`, an apt
+preferences file, a ``.sources`` file), read and written."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gpubox.parsers._common import ParseError, _lines, _quote
@@ -145,3 +148,109 @@ def parse_dpkg_query(text: str) -> dict[str, DpkgPackage]:
             raise ParseError(f"not a dpkg status abbreviation {status!r}: {_quote(line)}")
         packages[name] = DpkgPackage(name, version, status.ljust(3)[:3])
     return packages
+
+
+# --------------------------------------------------------------------------- deb822 stanzas
+
+# Debian Policy 5.1: a field name is printable US-ASCII but space and colon, and starts with
+# neither '#' nor '-'.
+_FIELD_NAME = re.compile(r"^[!-\"$-,.-9;-~][!-9;-~]*$")
+
+
+@dataclass(frozen=True)
+class Stanza:
+    r"""One deb822 stanza: its fields in their order, each value as the text holds it. A
+    value is its first line without the whitespace around it, then each continuation line
+    with its newline and its leading whitespace as written ("Depends: a,\n b" holds
+    ``"a,\n b"``; "Conffiles:\n /etc/x 0123" holds ``"\n /etc/x 0123"``).
+
+    Iterating gives the (name, value) pairs; ``stanza["Package"]``, ``stanza.get("Package")``
+    and ``"Package" in stanza`` look a field up by its name, in any case (field names are
+    case-insensitive: Debian Policy 5.1)."""
+
+    fields: tuple[tuple[str, str], ...]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __getitem__(self, name: str) -> str:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        wanted = name.lower()
+        for key, value in self.fields:
+            if key.lower() == wanted:
+                return value
+        return default
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name) is not None
+
+
+def parse_stanzas(text: str) -> list[Stanza]:
+    """Every stanza of deb822 text, in order. Stanzas are separated by one or more lines that
+    are empty or hold only whitespace; a line that starts with ``#`` is a comment and is
+    dropped wherever it stands (apt's ``.sources`` and preferences files have them, a
+    recording's header too). Every other line is a field, "Name: value", or a continuation
+    of the field above it (it starts with a space or a tab).
+
+    Raises ParseError on a line that is neither, on a continuation line with no field above
+    it, and on a field named twice in one stanza (dpkg refuses that too: "duplicate value
+    for 'Version' field")."""
+    stanzas: list[Stanza] = []
+    fields: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for line in _lines(text):
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            if fields:
+                stanzas.append(Stanza(tuple(fields)))
+            fields, seen = [], set()
+            continue
+        if line[0] in " \t":
+            if not fields:
+                raise ParseError(f"a continuation line with no field above it: {_quote(line)}")
+            name, value = fields[-1]
+            fields[-1] = (name, value + "\n" + line)
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not _FIELD_NAME.match(name):
+            raise ParseError(f"want 'Name: value' (a deb822 field): {_quote(line)}")
+        if name.lower() in seen:
+            raise ParseError(f"the field {name!r} twice in one stanza: {_quote(line)}")
+        seen.add(name.lower())
+        fields.append((name, value.strip()))
+    if fields:
+        stanzas.append(Stanza(tuple(fields)))
+    return stanzas
+
+
+def format_stanza(fields: Iterable[tuple[str, str]]) -> str:
+    """A stanza as deb822 text: one "Name: value" line per field in its order (a value's
+    continuation lines as it holds them; "Name:" alone when the value starts on the next
+    line, as dpkg writes Conffiles), each ending in a newline. ``parse_stanzas`` reads it
+    back to the same fields; a name or value it could not (a bad name, whitespace around the
+    first line, a continuation line that is empty or does not start with whitespace) raises
+    ValueError."""
+    out = []
+    for name, value in fields:
+        first, *rest = value.split("\n")
+        if not _FIELD_NAME.match(name) or first != first.strip():
+            raise ValueError(f"not a deb822 field: {name!r}: {value!r}")
+        if any(not line.strip() or line[0] not in " \t" for line in rest):
+            raise ValueError(f"the field {name!r} has a line that is not a continuation line")
+        out.append(f"{name}:{value}\n" if value.startswith("\n") else f"{name}: {value}\n")
+    return "".join(out)
+
+
+def format_stanzas(stanzas: Iterable[Iterable[tuple[str, str]]]) -> str:
+    """Stanzas as deb822 text, a blank line between each two (a Packages index, a dpkg
+    status file)."""
+    return "\n".join(format_stanza(stanza) for stanza in stanzas)

@@ -8,11 +8,11 @@ dependencies, and the pin covers every package NVIDIA's repository builds at the
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpubox.config import HostConfig, Target
+from gpubox.parsers.apt import parse_stanzas
 from gpubox.rendering import render
 
 
@@ -45,39 +45,11 @@ def roots(config: HostConfig, family: str) -> tuple[list[str], list[str]]:
     return packages.installed, packages.refused
 
 
-_FIELD = re.compile(r"^([A-Za-z0-9-]+):[ \t]*(.*)$")
-
-
-def parse_stanzas(text: str) -> list[dict[str, str]]:
-    """Debian control stanzas (a Packages index, ``apt-cache show``): fields by name,
-    continuation lines kept; ``#`` comment lines are skipped."""
-    stanzas: list[dict[str, str]] = []
-    current: dict[str, str] = {}
-    last = ""
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        if not line.strip():
-            if current:
-                stanzas.append(current)
-            current, last = {}, ""
-            continue
-        if line[0] in " \t" and last:
-            current[last] += "\n" + line
-            continue
-        match = _FIELD.match(line)
-        if match:
-            last = match.group(1)
-            current[last] = match.group(2)
-    if current:
-        stanzas.append(current)
-    return stanzas
-
-
 def offered_from_stanzas(
     text: str, package_version: str, roots: Iterable[str]
 ) -> dict[str, list[str]]:
-    """What NVIDIA's repository offers that the plan needs, from its package stanzas.
+    """What NVIDIA's repository offers that the plan needs, from its package stanzas (a
+    Packages index or ``apt-cache show``; ``parsers.apt.parse_stanzas`` reads them).
 
     Every package name that has a version equal to ``package_version``, plus every root,
     mapped to all the versions the repository has of it (in index order, no repeats). A root

@@ -1,7 +1,8 @@
 """What every part of the sandbox shares: its error, the cache directory, the Debian mirror
 it installs from, the Hub's port, and how to tell a process we started from a new one with
-its PID. A leaf: it imports nothing of the sandbox, so box.py, the servers (repo.py, hub.py,
-serve.py) and debian_real.py all build on it without importing one another back."""
+its PID. A leaf: it imports nothing of the sandbox (of gpubox, only the parsers), so box.py,
+the servers (repo.py, hub.py, serve.py) and debian_real.py all build on it without importing
+one another back."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import contextlib
 import os
 import re
 from pathlib import Path
+
+from gpubox.parsers import ParseError, parse_stanzas
 
 HUB_PORT = 8766  # the Hugging Face Hub and PyPI mirror (hub.py)
 SUITE = "bookworm"
@@ -41,43 +44,20 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _deb822_stanzas(text: str) -> list[dict[str, str]]:
-    stanzas: list[dict[str, str]] = []
-    current: dict[str, str] = {}
-    key: str | None = None
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        if not line.strip():
-            if current:
-                stanzas.append(current)
-            current, key = {}, None
-            continue
-        if line[0] in " \t" and key:
-            current[key] += " " + line.strip()
-            continue
-        if ":" in line:
-            key, value = line.split(":", 1)
-            key = key.strip().lower()
-            current[key] = value.strip()
-    if current:
-        stanzas.append(current)
-    return stanzas
-
-
-def host_apt_sources() -> list[tuple[str, str]]:
-    """(URI, suite) pairs of the host's enabled ``deb`` sources."""
+def host_apt_sources(etc: Path = Path("/etc/apt")) -> list[tuple[str, str]]:
+    """(URI, suite) pairs of the host's enabled ``deb`` sources (``etc``: apt's configuration
+    directory); a ``.sources`` file that cannot be read, or is not deb822, is passed over."""
     pairs: list[tuple[str, str]] = []
-    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
-        with contextlib.suppress(OSError):
-            for stanza in _deb822_stanzas(path.read_text()):
-                if stanza.get("enabled", "yes").lower() == "no":
+    for path in sorted((etc / "sources.list.d").glob("*.sources")):
+        with contextlib.suppress(OSError, ParseError):
+            for stanza in parse_stanzas(path.read_text()):
+                if (stanza.get("Enabled") or "yes").lower() == "no":
                     continue
-                if "deb" not in stanza.get("types", "").split():
+                if "deb" not in (stanza.get("Types") or "").split():
                     continue
-                for uri in stanza.get("uris", "").split():
-                    pairs.extend((uri, suite) for suite in stanza.get("suites", "").split())
-    lists = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list"))]
+                for uri in (stanza.get("URIs") or "").split():
+                    pairs.extend((uri, suite) for suite in (stanza.get("Suites") or "").split())
+    lists = [etc / "sources.list", *sorted((etc / "sources.list.d").glob("*.list"))]
     for path in lists:
         with contextlib.suppress(OSError):
             for line in path.read_text().splitlines():

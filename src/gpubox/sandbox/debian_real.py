@@ -7,14 +7,15 @@ real packaging rather than a second copy of the product's assumptions. STANDINS.
 real, what is a stand-in and what is guessed, package by package.
 
 This module fetches those packages with apt, in a private apt root under the sandbox cache
-(``<cache dir>/debian-real``), from the Debian mirror the box uses (``box.debian_mirror()``)
+(``<cache dir>/debian-real``), from the Debian mirror the box uses (``common.debian_mirror()``)
 and the host's bookworm-security source, with components main contrib non-free
 non-free-firmware. It downloads only what the driver install touches (``REAL_SOURCES``); the
 other binaries of the same sources are kept as index stanzas (metadata-only stand-ins). Once the
-cache is complete nothing here touches the network again.
+cache is complete nothing here touches the network again. debfile.py reads each downloaded
+``.deb``; ``gpubox.parsers.apt`` reads the index stanzas and control files.
 
-It also holds the pure helpers the derivation uses: control-file parsing, the version rewrite
-(535 build -> stand-in version) and an apt simulation in a private apt root.
+It also holds what the derivation (repo.py) uses: the version rewrite (535 build -> stand-in
+version) and an apt simulation against Debian's index in a private apt root.
 """
 
 from __future__ import annotations
@@ -22,27 +23,27 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
-import struct
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from gpubox.parsers import Stanza, parse_stanzas
+from gpubox.sandbox import common
+from gpubox.sandbox.debfile import Entry, read_deb
 
 SUITE = "bookworm"
 COMPONENTS = "main contrib non-free non-free-firmware"
-# Bump when the cache layout or the extraction changes.
+# Bump when the cache layout or the extraction (debfile.py) changes.
 CACHE_FORMAT = 1
-# Regular files up to this size are kept whole in the cache (larger ones are ELF libraries,
-# firmware or module sources, which the stand-ins replace).
-KEEP_MAX_BYTES = 1 << 20
 
 Progress = Callable[[str], None]
 
@@ -101,64 +102,19 @@ METADATA_SOURCES = ("nvidia-graphics-drivers", "nvidia-open-gpu-kernel-modules")
 # NVIDIA's repository names a package differently from Debian: Debian name -> NVIDIA's name.
 RENAMES = {"nvidia-open-kernel-dkms": "nvidia-kernel-open-dkms"}
 
-RELATION_FIELDS = (
-    "Pre-Depends",
-    "Depends",
-    "Recommends",
-    "Suggests",
-    "Enhances",
-    "Provides",
-    "Conflicts",
-    "Breaks",
-    "Replaces",
-)
 
-
-# --------------------------------------------------------------------------- control files
-
-
-def parse_control(text: str) -> list[tuple[str, str]]:
-    """One deb822 stanza as (field, value) pairs in order; continuation lines are kept with
-    their newline and leading space, as in the file."""
-    fields: list[tuple[str, str]] = []
-    for line in text.splitlines():
-        if not line.strip():
-            if fields:
-                break
-            continue
-        if line[0] in " \t":
-            if not fields:
-                raise RealError(f"control data starts with a continuation line: {line!r}")
-            name, value = fields[-1]
-            fields[-1] = (name, value + "\n" + line)
-        else:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise RealError(f"not a control field: {line!r}")
-            fields.append((name.strip(), value.strip()))
-    return fields
-
-
-def parse_stanzas(text: str) -> list[list[tuple[str, str]]]:
-    """Every stanza of a Packages file."""
-    return [parse_control(chunk) for chunk in re.split(r"\n\s*\n", text) if chunk.strip()]
+# --------------------------------------------------------------------------- index stanzas
 
 
 def field_value(fields: Iterable[tuple[str, str]], name: str) -> str | None:
-    for key, value in fields:
-        if key.lower() == name.lower():
-            return value
-    return None
+    """A field of a stanza held as (name, value) pairs (the cache's metadata stanzas, as
+    repo.py reads them), by its name in any case; None when it has none."""
+    return Stanza(tuple(fields)).get(name)
 
 
-def format_control(fields: Iterable[tuple[str, str]]) -> str:
-    return "".join(f"{k}: {v}\n" for k, v in fields if v != "")
-
-
-def source_name(fields: Iterable[tuple[str, str]]) -> str:
+def source_name(stanza: Stanza) -> str:
     """The Source of a binary stanza (its own name when it has no Source field)."""
-    fields = list(fields)
-    src = field_value(fields, "Source") or field_value(fields, "Package") or ""
+    src = stanza.get("Source") or stanza.get("Package") or ""
     return src.split()[0]
 
 
@@ -242,78 +198,7 @@ class Rewrite:
         return found
 
 
-# --------------------------------------------------------------------------- ELF
-
-
-def elf_info(data: bytes) -> dict[str, Any] | None:
-    """ELF64 little-endian files: {"type": "library"|"executable", "soname": str|None};
-    None for anything else."""
-    if data[:4] != b"\x7fELF" or len(data) < 64 or data[4] != 2 or data[5] != 1:
-        return None
-    e_type = struct.unpack_from("<H", data, 16)[0]
-    shoff = struct.unpack_from("<Q", data, 40)[0]
-    shentsize, shnum = struct.unpack_from("<HH", data, 58)
-    soname = None
-    sections = []
-    for i in range(shnum):
-        off = shoff + i * shentsize
-        if off + 64 > len(data):
-            break
-        sections.append(struct.unpack_from("<IIQQQQIIQQ", data, off))
-    for _name, sh_type, _flags, _addr, offset, size, link, _info, _align, entsize in sections:
-        if sh_type != 6 or not entsize or link >= len(sections):  # SHT_DYNAMIC
-            continue
-        str_off = sections[link][4]
-        for pos in range(offset, offset + size, entsize):
-            tag, val = struct.unpack_from("<qQ", data, pos)
-            if tag == 0:
-                break
-            if tag == 14:  # DT_SONAME
-                end = data.index(b"\0", str_off + val)
-                soname = data[str_off + val : end].decode()
-    kind = "library" if e_type == 3 and soname else "executable"
-    return {"type": kind, "soname": soname}
-
-
 # --------------------------------------------------------------------------- the cache
-
-
-@dataclass
-class Entry:
-    """One member of a real package's data archive, as the cache keeps it."""
-
-    path: str  # no leading "./" or "/"; directories without the trailing slash
-    kind: str  # "dir", "file", "link"
-    mode: int
-    size: int = 0
-    link: str = ""
-    content: bytes | None = None  # kept for small non-ELF files
-    elf: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "kind": self.kind, "mode": self.mode}
-        if self.size:
-            out["size"] = self.size
-        if self.link:
-            out["link"] = self.link
-        if self.content is not None:
-            out["content"] = base64.b64encode(self.content).decode()
-        if self.elf is not None:
-            out["elf"] = self.elf
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Entry:
-        content = data.get("content")
-        return cls(
-            path=data["path"],
-            kind=data["kind"],
-            mode=data["mode"],
-            size=data.get("size", 0),
-            link=data.get("link", ""),
-            content=None if content is None else base64.b64decode(content),
-            elf=data.get("elf"),
-        )
 
 
 @dataclass
@@ -326,12 +211,9 @@ class RealPackage:
     archive: str  # e.g. "bookworm-security/non-free": the index it came from
     filename: str  # the .deb in the cache
     sha256: str
-    fields: list[tuple[str, str]]  # the control file
+    fields: Stanza  # the control file
     control_files: dict[str, tuple[bytes, int]]  # maintainer scripts, conffiles, triggers, ...
-    entries: list[Entry] = field(default_factory=list)
-
-    def field(self, name: str) -> str | None:
-        return field_value(self.fields, name)
+    entries: list[Entry]
 
 
 @dataclass
@@ -340,7 +222,8 @@ class RealArchive:
 
     base: Path
     packages: dict[str, RealPackage]
-    metadata: list[list[tuple[str, str]]]  # index stanzas of the other binaries
+    # the other binaries' index stanzas, as (name, value) pairs (repo.metadata_package's)
+    metadata: list[list[tuple[str, str]]]
     sources_list: str  # the Debian sources the index came from
 
     @property
@@ -377,9 +260,7 @@ def cache_key() -> str:
 
 
 def default_base() -> Path:
-    from gpubox.sandbox import common as box
-
-    return box.cache_dir() / "debian-real"
+    return common.cache_dir() / "debian-real"
 
 
 def debian_sources(mirror: str | None = None, security: str | None = None) -> list[str]:
@@ -387,13 +268,11 @@ def debian_sources(mirror: str | None = None, security: str | None = None) -> li
     (bookworm, bookworm-updates) and the host's bookworm-security source (or
     $GPUBOX_DEBIAN_SECURITY_MIRROR, or the mirror's ``-security`` sibling by Debian's
     convention), components main contrib non-free non-free-firmware."""
-    from gpubox.sandbox import common as box
-
-    mirror = (mirror or box.debian_mirror()).rstrip("/")
+    mirror = (mirror or common.debian_mirror()).rstrip("/")
     if security is None:
         security = os.environ.get("GPUBOX_DEBIAN_SECURITY_MIRROR")
     if security is None:
-        for uri, suite in box.host_apt_sources():
+        for uri, suite in common.host_apt_sources():
             if suite == f"{SUITE}-security":
                 security = uri
                 break
@@ -448,7 +327,7 @@ def _run(argv: list[str], what: str, **kw: Any) -> subprocess.CompletedProcess[s
     return result
 
 
-def _index_stanzas(lists: Path) -> Iterator[tuple[str, list[tuple[str, str]]]]:
+def _index_stanzas(lists: Path) -> Iterator[tuple[str, Stanza]]:
     """(archive, stanza) for every stanza of every Packages file in an apt lists directory;
     archive is "suite/component" as the file name tells it."""
     for path in sorted(lists.glob("*_Packages*")):
@@ -459,9 +338,7 @@ def _index_stanzas(lists: Path) -> Iterator[tuple[str, list[tuple[str, str]]]]:
             yield archive, stanza
 
 
-def _choose(
-    wanted: RealSource, index: dict[tuple[str, str], tuple[str, list[tuple[str, str]]]]
-) -> str:
+def _choose(wanted: RealSource, index: dict[tuple[str, str], tuple[str, Stanza]]) -> str:
     """The version of ``wanted`` to use: the pinned one, or (when Debian's archive has moved on
     and dropped it) the newest of the same source and branch that has every binary."""
     if all((b, wanted.version) in index for b in wanted.binaries):
@@ -489,8 +366,6 @@ def _choose(
 
 
 def _version_key(version: str) -> Any:
-    import functools
-
     @functools.total_ordering
     class Key:
         def __init__(self, v: str) -> None:
@@ -508,69 +383,6 @@ def _version_key(version: str) -> Any:
             )
 
     return Key(version)
-
-
-def _read_deb(
-    path: Path,
-) -> tuple[list[tuple[str, str]], dict[str, tuple[bytes, int]], list[Entry]]:
-    control_files: dict[str, tuple[bytes, int]] = {}
-    with subprocess.Popen(["dpkg-deb", "--ctrl-tarfile", str(path)], stdout=subprocess.PIPE) as p:
-        assert p.stdout is not None
-        with tarfile.open(fileobj=p.stdout, mode="r|*") as tar:
-            for member in tar:
-                name = member.name.lstrip("./")
-                if member.isfile() and name and name != "md5sums":
-                    handle = tar.extractfile(member)
-                    assert handle is not None
-                    control_files[name] = (handle.read(), member.mode & 0o7777)
-    if p.returncode:
-        raise RealError(f"dpkg-deb could not read the control archive of {path}")
-    fields = parse_control(control_files.pop("control")[0].decode())
-    entries = []
-    with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(path)], stdout=subprocess.PIPE) as p:
-        assert p.stdout is not None
-        entries = list(_entries(p.stdout))
-    if p.returncode:
-        raise RealError(f"dpkg-deb could not read the data archive of {path}")
-    return fields, control_files, entries
-
-
-def _entries(stream: IO[bytes]) -> Iterator[Entry]:
-    with tarfile.open(fileobj=stream, mode="r|*") as tar:
-        for member in tar:
-            path = member.name
-            while path.startswith("./"):
-                path = path[2:]
-            path = path.strip("/")
-            if not path or path == ".":
-                continue
-            mode = member.mode & 0o7777
-            if member.isdir():
-                yield Entry(path, "dir", mode)
-            elif member.issym():
-                yield Entry(path, "link", mode, link=member.linkname)
-            elif member.islnk():  # a hard link: the same content under another name
-                yield Entry(path, "link", mode, link="/" + member.linkname.lstrip("./"))
-            elif member.isfile():
-                handle = tar.extractfile(member)
-                assert handle is not None
-                head = handle.read(KEEP_MAX_BYTES + 1)
-                elf = None
-                content: bytes | None = None
-                if head[:4] == b"\x7fELF":
-                    # the section headers sit at the end: read the whole file for the soname
-                    elf = elf_info(head + handle.read())
-                elif len(head) <= KEEP_MAX_BYTES and _kept(path):
-                    content = head
-                yield Entry(path, "file", mode, size=member.size, content=content, elf=elf)
-
-
-def _kept(path: str) -> bool:
-    """Whether the cache keeps a (small, non-ELF) file's content: not the module source (but
-    its dkms.conf) and not firmware."""
-    if path.startswith("usr/src/"):
-        return path.endswith("/dkms.conf")
-    return not path.startswith("lib/firmware/")
 
 
 @contextlib.contextmanager
@@ -604,7 +416,7 @@ def load(base: Path | None = None) -> RealArchive | None:
             archive=data["archive"],
             filename=data["filename"],
             sha256=data["sha256"],
-            fields=[tuple(f) for f in sk["fields"]],  # type: ignore[misc]
+            fields=Stanza(tuple((name, value) for name, value in sk["fields"])),
             control_files={
                 k: (base64.b64decode(v[0]), v[1]) for k, v in sk["control_files"].items()
             },
@@ -638,9 +450,9 @@ def _fetch(base: Path, progress: Progress, mirror: str | None, security: str | N
     options = _apt_options(root, sources_list)
     progress(f"reading Debian's {SUITE} index for the real NVIDIA driver packages")
     _run(["apt-get", *options, "-q", "update"], "apt-get update (Debian's archive)", timeout=900)
-    index: dict[tuple[str, str], tuple[str, list[tuple[str, str]]]] = {}
+    index: dict[tuple[str, str], tuple[str, Stanza]] = {}
     for archive, stanza in _index_stanzas(root / "lists"):
-        name, version = field_value(stanza, "Package"), field_value(stanza, "Version")
+        name, version = stanza.get("Package"), stanza.get("Version")
         if name and version and source_name(stanza) in {s.source for s in REAL_SOURCES}:
             index.setdefault((name, version), (archive, stanza))
     chosen = {s.source: _choose(s, index) for s in REAL_SOURCES}
@@ -664,18 +476,18 @@ def _fetch(base: Path, progress: Progress, mirror: str | None, security: str | N
         version = chosen[s.source]
         for name in s.binaries:
             archive, stanza = index[(name, version)]
-            filename = Path(field_value(stanza, "Filename") or "").name
+            filename = Path(stanza.get("Filename") or "").name
             path = debs / filename
             if not path.is_file():
                 raise RealError(f"apt-get download left no {filename} in {debs}")
             sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
-            if sha256 != field_value(stanza, "SHA256"):
+            if sha256 != stanza.get("SHA256"):
                 raise RealError(f"{filename}: sha256 differs from Debian's index")
-            fields, control_files, entries = _read_deb(path)
+            fields, control_files, entries = read_deb(path)
             (skeletons / f"{name}.json").write_text(
                 json.dumps(
                     {
-                        "fields": fields,
+                        "fields": list(fields),
                         "control_files": {
                             k: [base64.b64encode(v[0]).decode(), v[1]]
                             for k, v in control_files.items()
