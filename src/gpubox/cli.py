@@ -152,6 +152,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
     """Every inventory key: name, type, default, what it means (and what it accepts)."""
     from gpubox.config.keys import KEYS
 
+    if args.python:
+        print(config.fields_source(), end="")
+        return 0
     if args.markdown:
         print("| key | type | default | meaning |")
         print("|---|---|---|---|")
@@ -230,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     listing.set_defaults(func=cmd_checks)
     keys = sub.add_parser("keys", help="list every inventory key (type, default, meaning)")
     keys.add_argument("--markdown", action="store_true", help="as a Markdown table")
+    keys.add_argument(
+        "--python", action="store_true", help="as src/gpubox/config/fields.py (typed attributes)"
+    )
     keys.set_defaults(func=cmd_keys)
     burnin = sub.add_parser("burnin", help="burn in every host's GPUs (gpu-burn, dcgmi diag)")
     burnin.add_argument("inventory")

@@ -9,6 +9,9 @@ deploy and verify can never disagree about what the box should be.
 - ``validation``: ``validate`` (each key's type, choices and range, catalog overrides, the
   driver/CUDA/GPU rules) and ``load_host_config``;
 - ``backend_rules``: the model and backend rules (vLLM, llama.cpp, whether the model fits);
+- ``attributes``: ``KeyValue`` (a key's typed attribute) and ``fields_source``, the text of
+  ``fields.py`` (``KeyFields``: one typed attribute per key, generated from the table), which
+  ``HostConfig`` inherits;
 - ``host``: ``HostConfig``, ``DriverPackages``, ``Problem``, ``ConfigError``, ``Target`` and
   ``target_for``.
 
@@ -17,6 +20,8 @@ Every public name is re-exported here: ``from gpubox.config import HostConfig``.
 
 from __future__ import annotations
 
+from gpubox.config.attributes import KeyValue, fields_source
+from gpubox.config.fields import KeyFields
 from gpubox.config.host import (
     ConfigError,
     DriverPackages,
@@ -37,8 +42,11 @@ __all__ = [
     "DriverPackages",
     "HostConfig",
     "Key",
+    "KeyFields",
+    "KeyValue",
     "Problem",
     "Target",
+    "fields_source",
     "load_host_config",
     "target_for",
     "validate",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox import compat
+from gpubox.config.fields import KeyFields
 
 
 @dataclass(frozen=True)
@@ -29,45 +30,43 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
-class HostConfig:
+class HostConfig(KeyFields):
+    """A host's validated config: each key's value as a typed attribute (``config.gpu_count``,
+    from ``fields.py``, generated from the key table; an unknown name is a mypy error and an
+    AttributeError), the catalog with the host's overrides, and the facts derived from them."""
+
     host: str
     values: dict[str, Any] = field(repr=False)
     catalog: dict[str, Any] = field(repr=False)
 
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("values", {})
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
-
     # Derived facts, in one place.
     @property
     def gpu(self) -> compat.GpuModel:
-        return compat.GPU_MODELS[self.values["gpu_model"]]
+        return compat.GPU_MODELS[self.gpu_model]
 
     @property
     def branch(self) -> int:
-        return int(self.values["driver_branch"])
+        return int(self.driver_branch)
 
     @property
     def cuda(self) -> dict[str, Any]:
-        return dict(self.catalog["cuda"]["versions"][self.values["cuda_version"]])
+        return dict(self.catalog["cuda"]["versions"][self.cuda_version])
 
     def driver_packages(self, family: str) -> DriverPackages:
         """The driver packages for an OS family, expanded from the catalog."""
         driver = self.catalog["driver"]
-        branch, version = self.values["driver_branch"], self.values["driver_version"]
+        branch, version = self.driver_branch, self.driver_version
         package_version = driver["branches"][branch]["package_version"][family]
         if version != driver["branches"][branch]["version"]:
             # An explicit driver_version: NVIDIA's version string keeps the catalog's suffix.
             package_version = f"{version}-{package_version.split('-', 1)[1]}"
-        cuda_dash = self.values["cuda_version"].replace(".", "-")
+        cuda_dash = self.cuda_version.replace(".", "-")
 
         def expand(names: list[str]) -> list[str]:
             return [n.format(branch=branch, version=version, cuda_dash=cuda_dash) for n in names]
 
         names = driver["packages"][family]
-        flavour = self.values["driver_kernel_modules"]
+        flavour = self.driver_kernel_modules
         other = "open" if flavour == "proprietary" else "proprietary"
         return DriverPackages(
             installed=expand(names["common"] + names[flavour]),

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpubox import checks
 from gpubox.checks import Verdict
+from gpubox.config import HostConfig
 
 ACTIVE = sum(c.active for c in checks.ALL)
 
@@ -287,7 +288,7 @@ FLEET_COLUMNS = [
 
 
 def fleet_row(
-    host: str, config: Any, view: dict[str, Any] | None, verdicts: list[Verdict]
+    host: str, config: HostConfig, view: dict[str, Any] | None, verdicts: list[Verdict]
 ) -> dict[str, Any]:
     """One host's line of the fleet table (JSON-able); ``view`` None: unreachable."""
     failed = sum(v.failed for v in verdicts)
@@ -322,7 +323,7 @@ def fleet_row(
     }
 
 
-def _fleet_nvlink(config: Any, view: dict[str, Any]) -> str:
+def _fleet_nvlink(config: HostConfig, view: dict[str, Any]) -> str:
     if not config.nvlink:
         return "-"
     links = view["nvlink"]["links"]
