@@ -54,6 +54,7 @@ from gpubox.parsers.nvidia_smi import (
     SmiTableGpu,
     Topology,
     nvml_library_version,
+    parse_loaded_driver,
     parse_nvlink_status,
     parse_query_gpu,
     parse_smi_error,
@@ -77,6 +78,7 @@ from gpubox.parsers.system import (
     parse_os_release,
     parse_secure_boot,
     parse_user_groups,
+    parse_yes,
 )
 from gpubox.parsers.systemd import (
     LoginSession,
@@ -114,6 +116,7 @@ __all__ = [
     "Topology",
     "UnitState",
     "nvml_library_version",
+    "parse_loaded_driver",
     "parse_apt_policy",
     "parse_dcgmi_diag_json",
     "parse_dcgmi_discovery",
@@ -139,4 +142,5 @@ __all__ = [
     "parse_topo_matrix",
     "parse_unit_state",
     "parse_user_groups",
+    "parse_yes",
 ]
