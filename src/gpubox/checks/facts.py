@@ -323,7 +323,7 @@ fact(
         "systemctl show -p Id,LoadState,ActiveState,UnitFileState " + " ".join(SERVICES),
         parse_systemctl_show,
     ),
-    Fact("nvcc", "bash -lc 'command -v nvcc && nvcc --version'"),
+    Fact("nvcc", "bash -lc 'command -v nvcc && nvcc --version'", parsers.parse_nvcc_version),
     Fact("cuda_link", f"readlink -e {layout.USR_LOCAL_CUDA}", ok=(0, 1)),
     Fact(
         "ldconfig_cudart",

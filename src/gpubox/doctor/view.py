@@ -6,7 +6,6 @@ looked at only for why a fact could not be read."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 from typing import Any
@@ -252,12 +251,12 @@ def _describe_cuda(r: Reading, config: HostConfig) -> dict[str, Any]:
         "release": None,
         "usr_local_cuda": None,
     }
-    nvcc = _value(r, "nvcc")  # the raw output, as the check cuda.nvcc reads it
-    if nvcc is not None:
-        lines = nvcc.splitlines()
-        view["nvcc"] = lines[0].strip() if lines else None
-        with contextlib.suppress(parsers.ParseError):
-            view["release"] = parsers.parse_nvcc_version(nvcc).version
+    out = r.facts.get("nvcc")
+    if out is not None and out.rc == 0:
+        lines = out.stdout.splitlines()
+        view["nvcc"] = lines[0].strip() if lines else None  # `command -v nvcc`
+        found = _value(r, "nvcc")
+        view["release"] = found.version if found else None
     link, _ = _read(r, "cuda_link")
     out = r.facts.get("cuda_link")
     if link and link.strip() and out is not None and out.rc == 0:
@@ -337,9 +336,10 @@ def _describe_backend(
     if unit is None:
         return view
     view["service"] = _service(services, unit)
-    code = _value(r, "health")  # the HTTP status, as the check backend.health reads it
-    if code is not None and code.strip().isdigit():
-        view["health"] = int(code.strip())
+    # curl's HTTP status ("000": no answer, curl failing), as the check backend.health reads it
+    out = r.facts.get("health")
+    if out is not None and out.stdout.strip().isdigit():
+        view["health"] = int(out.stdout.strip())
     return view
 
 
