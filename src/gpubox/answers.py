@@ -32,7 +32,7 @@ from pyinfra.operations import files
 from gpubox import apt_versions, layout
 from gpubox.apt_sources import source_line
 from gpubox.config import HostConfig, Target
-from gpubox.facts import read_once
+from gpubox.host_facts import read_once
 from gpubox.offers import (
     PinnedSet,
     RepoIndex,

@@ -25,8 +25,8 @@ DPKG_LOCK_CONF = "/etc/apt/apt.conf.d/50gpubox-dpkg-lock"
 
 # --- driver
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpubox-blacklist-nouveau.conf"
-NVIDIA_MODULE_VERSION = "/sys/module/nvidia/version"
-NOUVEAU_MODULE = "/sys/module/nouveau"
+SYS_MODULE = "/sys/module"  # a directory per loaded kernel module
+NVIDIA_MODULE_VERSION = f"{SYS_MODULE}/nvidia/version"
 
 # --- CUDA
 USR_LOCAL_CUDA = "/usr/local/cuda"

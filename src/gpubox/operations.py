@@ -18,7 +18,7 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, operatio
 from pyinfra.operations import files
 
 from gpubox import layout
-from gpubox.facts import (
+from gpubox.host_facts import (
     AptComponentEnabled,
     BootId,
     FileDigests,
@@ -190,7 +190,7 @@ def reinstall(packages: list[str] | None = None, paths: list[str] | None = None)
     """Reinstall, at its installed version (the pinned one on a converged host), each
     installed package of ``packages``, or owning one of ``paths``, that misses a file it ships
     (say nvcc was deleted): apt still counts such a package installed, so a plain install
-    would not bring the file back. Existence only (gpubox.facts.MissingPackageFiles); a noop
+    would not bring the file back. Existence only (gpubox.host_facts.MissingPackageFiles); a noop
     when every file is there. A deleted conffile comes back too (--force-confmiss); a changed
     one is kept."""
     missing = host.get_fact(

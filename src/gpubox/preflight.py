@@ -16,7 +16,7 @@ from gpubox import answers, compat, desktop, dpkg_ready, offers, readahead, runf
 from gpubox.answers import KeptOffers
 from gpubox.config import HostConfig, Problem, Target, target_for
 from gpubox.errors import DeployRefused, HostRefused
-from gpubox.facts import (
+from gpubox.host_facts import (
     DesktopState,
     DockerEngine,
     KernelModuleLoaded,

@@ -1,11 +1,11 @@
 """What a no-op run reads: a fact the stages read more than once while they plan runs its
-command once per run (gpubox.facts.read_once)."""
+command once per run (gpubox.host_facts.read_once)."""
 
 from __future__ import annotations
 
 from conftest import REFERENCE, fake_host, fresh_box, spy_commands
 
-from gpubox.facts import (
+from gpubox.host_facts import (
     CommandOutput,
     DockerEngine,
     KernelModuleLoaded,

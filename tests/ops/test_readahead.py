@@ -19,7 +19,14 @@ from pyinfra.connectors.local import LocalConnector
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
 from gpubox import readahead
-from gpubox.facts import CommandOutput, KernelModuleLoaded, OsRelease, UserId, prefetch, read_once
+from gpubox.host_facts import (
+    CommandOutput,
+    KernelModuleLoaded,
+    OsRelease,
+    UserId,
+    prefetch,
+    read_once,
+)
 
 READS = [
     (OsRelease, {}),
@@ -156,7 +163,7 @@ def test_a_fact_that_asks_a_server_or_costs_much_is_never_read_ahead(sent):
     from pyinfra.facts.server import Users
 
     from gpubox.answers import RepoOffers
-    from gpubox.facts import NetworkOutput
+    from gpubox.host_facts import NetworkOutput
 
     asks = (NetworkOutput, {"command": "echo from-the-hub"})
     with run() as host:

@@ -483,7 +483,7 @@ FAULTS: dict[str, Fault] = {
     ),
     "driver.unattended": Fault("unattended", drop_lines('"^nvidia-kernel-dkms$"')),
     "driver.kernels": Fault("kernels", lambda text: text + "K 6.1.0-31-amd64\n"),
-    "driver.nouveau": Fault("nouveau", "loaded\n"),
+    "driver.nouveau": Fault("nouveau", "yes\n"),
     "driver.secure-boot": Fault(
         "mok", lambda text: text.replace("LOADED nvidia PO", "LOADED nvidia POE")
     ),

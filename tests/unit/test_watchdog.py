@@ -16,9 +16,10 @@ from helpers import REFERENCE
 
 from gpubox import watchdog
 from gpubox.checks import Output
-from gpubox.config import load_host_config
+from gpubox.checks.core import Reading, Recorded
+from gpubox.config import HostConfig, load_host_config
 from gpubox.doctor.render import format_watchdog
-from gpubox.doctor.view import _describe_watchdog as describe_watchdog
+from gpubox.doctor.view import _describe_watchdog
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "watchdog"
 UNIT = "gpubox-llama-server"
@@ -320,6 +321,11 @@ def test_a_whole_run_restarts_through_systemctl_and_keeps_the_count(
 
 
 # --- what doctor shows
+
+
+def describe_watchdog(outputs: dict[str, Output], config: HostConfig) -> dict[str, Any]:
+    """doctor's watchdog view of these outputs, read as the checks read them."""
+    return _describe_watchdog(Reading(config, Recorded(outputs)), config)
 
 
 def watchdog_output(timer: str, state: str) -> dict[str, Output]:

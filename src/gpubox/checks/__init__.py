@@ -1,8 +1,9 @@
 """One set of checks on a box, used by ``pytest tests/host``, ``gpubox doctor`` and the end of
 ``deploy/full.py``.
 
-- ``core``: Fact, Check, Verdict, the lazily read ``Facts`` of a host, ``judge``.
-- ``facts``: every command a check or doctor reads on a host, and its parser.
+- ``core``: Fact, Check, Finding, Verdict, the lazily read ``Facts`` of a host, ``judge``.
+- ``facts``: every command a check or doctor reads on a host, and its parser (a read the
+  deploy's pyinfra facts make too is gpubox.reads', ``Fact.of``).
 - ``driver``, ``secure_boot``, ``cuda``, ``docker``, ``dcgm``, ``tools``, ``backend``,
   ``watchdog``, ``panel``: the checks, by stage.
 

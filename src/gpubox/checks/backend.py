@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from gpubox import layout, vllm_rules
-from gpubox.checks.core import Check, Problem, Reading, Skip
+from gpubox import answer_sanity, layout, openai_shape, vllm_rules
+from gpubox.checks.core import Check, Finding, Reading, Skip
 from gpubox.config import HostConfig
 from gpubox.plans import model
 from gpubox.plans import vllm as stage
@@ -29,13 +29,13 @@ def vllm(c: HostConfig) -> str | None:
     return None if c.backend == "vllm" else "vLLM is not the backend"
 
 
-def unit_active(c: HostConfig, r: Reading) -> Problem | None:
+def unit_active(c: HostConfig, r: Reading) -> Finding | None:
     unit = _unit(c)
     props = r.get("services").get(unit, {})
     active, state = props.get("ActiveState", "unknown"), props.get("UnitFileState", "unknown")
     if active == "active" and state == "enabled":
         return None
-    return Problem(f"{unit} is {active} and {state}", f"journalctl -u {unit} -n 50; {{deploy}}")
+    return Finding(f"{unit} is {active} and {state}", f"journalctl -u {unit} -n 50; {{deploy}}")
 
 
 def only_one(c: HostConfig, r: Reading) -> list[str]:
@@ -48,12 +48,12 @@ def only_one(c: HostConfig, r: Reading) -> list[str]:
     ]
 
 
-def health(c: HostConfig, r: Reading) -> Problem | None:
+def health(c: HostConfig, r: Reading) -> Finding | None:
     code = r.out("health").stdout.strip()
     if code == "200":
         return None
     unit = _unit(c)
-    return Problem(
+    return Finding(
         f"/health answers {code if code not in ('', '000') else 'nothing'}",
         f"journalctl -u {unit} -n 50; sudo systemctl restart {unit}",
     )
@@ -108,11 +108,9 @@ def streams_tokens(c: HostConfig, r: Reading) -> str | None:
     return f"the stream carried no tokens: {body[:300]}"
 
 
-def sane(c: HostConfig, r: Reading) -> list[Problem]:
+def sane(c: HostConfig, r: Reading) -> list[Finding]:
     """Both prompts of gpubox.answer_sanity answered with text: not empty, not one character
     repeated (vLLM #10656: ``!!!!!`` to short prompts on Volta and Turing), not bytes."""
-    from gpubox import answer_sanity, openai_shape
-
     problems = []
     for which in answer_sanity.PROMPTS:
         status, body = r.get(f"sane_{which}")
@@ -124,7 +122,7 @@ def sane(c: HostConfig, r: Reading) -> list[Problem]:
             problems.append(f"the answer to the {which} prompt {problem}")
     smoke = "gpubox bench --smoke {inv} (which server flags answer text)"
     fix = f"journalctl -u {_unit(c)} -n 50; {smoke}"
-    return [Problem(p, fix) for p in problems]
+    return [Finding(p, fix) for p in problems]
 
 
 def slots(c: HostConfig, r: Reading) -> str | None:
@@ -202,8 +200,6 @@ def tool_call(stream: bool):
     fact = "tool_call_streamed" if stream else "tool_call_whole"
 
     def judge(c: HostConfig, r: Reading) -> str | None:
-        from gpubox import openai_shape
-
         status, body = r.get(fact)
         kind = "streamed" if stream else "whole"
         if status != 200:

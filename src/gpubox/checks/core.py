@@ -2,7 +2,7 @@
 
 A **fact** is one read-only command on the host and the parser that reads its output. A
 **check** names the facts it reads and a small pure function (``judge``) that turns their
-parsed values and the host's configuration into problems; the check's **verdict** says pass,
+parsed values and the host's configuration into findings; the check's **verdict** says pass,
 fail, skip (the check does not apply to this configuration) or error (a fact could not be
 read: the tool is missing or fails), with a message naming the host and the part, and the
 command that fixes it.
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpubox import parsers
+from gpubox import parsers, reads
 from gpubox.config import HostConfig, Target, target_for
 
 NOT_FOUND = 127  # the shell's "command not found"
@@ -73,6 +73,25 @@ class Fact:
     in_turn: bool = False
     parser_name: str = ""
 
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        read: reads.Read[Any],
+        args: Callable[[HostConfig, Target | None], tuple[Any, ...] | None] | None = None,
+        **options: Any,
+    ) -> Fact:
+        """The fact of one of gpubox.reads' reads (the command and parser the deploy's pyinfra
+        fact runs too): ``args`` gives the read's arguments for a host, None where it is not
+        read there (no arguments, every host, without ``args``)."""
+
+        def command(config: HostConfig, target: Target | None) -> str | None:
+            given = args(config, target) if args else ()
+            return None if given is None else read.command_for(*given)
+
+        fixed = read.command_for() if args is None else command
+        return cls(name, fixed, read.parse, parser_name=read.parser_name, **options)
+
     def command_for(self, config: HostConfig, target: Target | None) -> str | None:
         return self.command if isinstance(self.command, str) else self.command(config, target)
 
@@ -106,14 +125,16 @@ class Skip(Exception):
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One thing wrong, with a fix when it differs from the check's own."""
+class Finding:
+    """One thing wrong a judge found on the box, with a fix when it differs from the check's
+    own (not config.Problem, which names a key: the configuration's and the preflight's
+    refusals)."""
 
     message: str
     fix: str | None = None
 
 
-Judged = str | Problem | Iterable[str | Problem] | None
+Judged = str | Finding | Iterable[str | Finding] | None
 
 
 class Reading:
@@ -234,7 +255,7 @@ def judge(
             fix=check.fix_for(inventory),
             **base,
         )
-    problems = _problems(judged)
+    problems = _findings(judged)
     if not problems:
         return Verdict(status="pass", **base)
     fixes = [check.fix_for(inventory, p.fix) for p in problems]
@@ -246,12 +267,12 @@ def judge(
     )
 
 
-def _problems(judged: Judged) -> list[Problem]:
+def _findings(judged: Judged) -> list[Finding]:
     if judged is None:
         return []
-    if isinstance(judged, str | Problem):
+    if isinstance(judged, str | Finding):
         judged = [judged]
-    return [p if isinstance(p, Problem) else Problem(p) for p in judged if p]
+    return [p if isinstance(p, Finding) else Finding(p) for p in judged if p]
 
 
 class Facts(Mapping[str, Output]):
@@ -269,7 +290,7 @@ class Facts(Mapping[str, Output]):
         if self._target is False:
             out = self["os_release"]
             try:
-                release = parsers.parse_os_release(out.stdout) if out.rc == 0 else None
+                release = reads.OS_RELEASE.parse(out.stdout) if out.rc == 0 else None
             except parsers.ParseError:
                 release = None
             self._target = target_for(release, self._config.catalog) if release else None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpubox import layout, parsers
-from gpubox.checks.core import Check, Reading, Unreadable
+from gpubox import layout
+from gpubox.checks.core import Check, Reading
 from gpubox.config import HostConfig
 
 
@@ -11,11 +11,8 @@ def nvcc_login_shell(c: HostConfig, r: Reading) -> str | None:
     out = r.out("nvcc")
     if out.rc != 0 or not out.stdout.strip():
         return "no nvcc on a login shell's PATH"
-    path = out.stdout.splitlines()[0]
-    try:
-        release = parsers.parse_nvcc_version(out.stdout).release
-    except parsers.ParseError as exc:
-        raise Unreadable(f"nvcc --version: {exc}") from exc
+    path = out.stdout.splitlines()[0]  # `command -v nvcc`
+    release = r.get("nvcc").release
     prefix = c.cuda["prefix"]
     if release != c.cuda_version or path != f"{prefix}/bin/nvcc":
         return (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from gpubox import layout
-from gpubox.checks.core import Check, Problem, Reading, Skip
+from gpubox.checks.core import Check, Finding, Reading, Skip
 from gpubox.checks.driver import service_up
 from gpubox.checks.facts import DAEMON_RELOAD_CONTAINER
 from gpubox.config import HostConfig
@@ -46,14 +46,14 @@ def daemon_json(c: HostConfig, r: Reading) -> list[str]:
     return problems
 
 
-def docker_users(c: HostConfig, r: Reading) -> list[str | Problem]:
+def docker_users(c: HostConfig, r: Reading) -> list[str | Finding]:
     """Each user of docker_users is in the docker group."""
     groups = r.get("docker_users")
-    problems: list[str | Problem] = []
+    problems: list[str | Finding] = []
     for user in c.docker_users:
         if groups.get(user) is None:
             problems.append(
-                Problem(
+                Finding(
                     f"no user {user!r} on the box (docker_users)",
                     f"sudo adduser {user} (or take {user} out of docker_users); {{deploy}}",
                 )

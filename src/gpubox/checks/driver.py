@@ -7,7 +7,7 @@ import itertools
 import re
 
 from gpubox import kernels, layout, parsers
-from gpubox.checks.core import Check, Problem, Reading, Unreadable
+from gpubox.checks.core import Check, Finding, Reading, Unreadable
 from gpubox.config import HostConfig
 
 OS_FIX = "gpubox supports Ubuntu 24.04 and Debian 12: reinstall the host with one of them"
@@ -41,7 +41,7 @@ def smi_gpus(r: Reading) -> list[dict]:
     return list(r.get("smi_query"))
 
 
-def gpus_listed(c: HostConfig, r: Reading) -> list[Problem]:
+def gpus_listed(c: HostConfig, r: Reading) -> list[Finding]:
     gpus = smi_gpus(r)
     model, want = c.gpu_model, c.gpu_count
     problems = []
@@ -53,7 +53,7 @@ def gpus_listed(c: HostConfig, r: Reading) -> list[Problem]:
             seen += "controller(s)"
         found = ", ".join(f"GPU {g['index']} {g['name']} {g['pci.bus_id']}" for g in gpus)
         problems.append(
-            Problem(
+            Finding(
                 f"nvidia-smi lists {len(gpus)} GPU(s), expected {want} {model}{seen}; "
                 f"found: {found or 'none'}",
                 "check the card/power/PCIe; lspci -d 10de:",
@@ -61,13 +61,13 @@ def gpus_listed(c: HostConfig, r: Reading) -> list[Problem]:
         )
     elif len(gpus) > want:
         problems.append(
-            Problem(
+            Finding(
                 f"more GPUs than the inventory: expected {want}, nvidia-smi lists {len(gpus)}",
                 f"set gpu_count = {len(gpus)} in the inventory",
             )
         )
     problems += [
-        Problem(
+        Finding(
             f"GPU {g['index']} ({g['pci.bus_id']}) is {g['name']}, expected {model}",
             "set gpu_model in the inventory, or check which card is installed",
         )
@@ -86,13 +86,14 @@ def persistence(c: HostConfig, r: Reading) -> str | None:
     return f"persistence mode is not Enabled on {', '.join(off)}" if off else None
 
 
-def loaded_driver(c: HostConfig, r: Reading) -> Problem | None:
+def loaded_driver(c: HostConfig, r: Reading) -> Finding | None:
     versions = {g["driver_version"] for g in smi_gpus(r) if g["driver_version"]}
-    module = r.out("module_version")
-    if module.rc == 0 and module.stdout.strip():
-        versions.add(module.stdout.strip())
+    with contextlib.suppress(Unreadable):
+        module = r.get("module_version")  # None: none loaded; "mismatch": nvidia-smi's word
+        if module and module != "mismatch":
+            versions.add(module)
     if versions and versions != {c.driver_version}:
-        return Problem(
+        return Finding(
             f"loaded driver {', '.join(sorted(versions))}, configured {c.driver_version}", REBOOT
         )
     return None
@@ -139,7 +140,7 @@ def apt_candidate(c: HostConfig, r: Reading) -> str | None:
     return f"apt would install {shown}, not {want.package_version} (the pin is missing or broken)"
 
 
-def pins_in_place(c: HostConfig, r: Reading) -> list[Problem]:
+def pins_in_place(c: HostConfig, r: Reading) -> list[Finding]:
     want = _wanted(c, r)
     pins = {
         layout.DRIVER_PIN: (want.package_version, "driver"),
@@ -151,9 +152,9 @@ def pins_in_place(c: HostConfig, r: Reading) -> list[Problem]:
     for path, (version, stage) in pins.items():
         fix = f"pyinfra {{inv}} deploy/{stage}.py"
         if path not in sections:
-            problems.append(Problem(f"apt pin {path} is missing", fix))
+            problems.append(Finding(f"apt pin {path} is missing", fix))
         elif f"Pin: version {version}\n" not in sections[path]:
-            problems.append(Problem(f"apt pin {path} does not hold {version}", fix))
+            problems.append(Finding(f"apt pin {path} does not hold {version}", fix))
     return problems
 
 
@@ -209,7 +210,7 @@ def module_for_every_kernel(c: HostConfig, r: Reading) -> str | None:
 
 
 def nouveau(c: HostConfig, r: Reading) -> str | None:
-    return "nouveau is loaded" if r.get("nouveau").strip() == "loaded" else None
+    return "nouveau is loaded" if r.get("nouveau") else None
 
 
 def service_up(unit: str, enabled: bool = True):

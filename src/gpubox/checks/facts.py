@@ -10,10 +10,9 @@ import json
 import shlex
 from typing import Any
 
-from gpubox import kernels, layout, panel, parsers, secure_boot, users, vllm_rules
+from gpubox import answer_sanity, layout, openai_shape, panel, parsers, reads, vllm_rules
 from gpubox.checks.core import Fact, fact
 from gpubox.config import HostConfig, Target
-from gpubox.parsers.secure_boot import parse_mok_state
 from gpubox.plans import model
 from gpubox.plans import vllm as vllm_stage
 from gpubox.plans.llamacpp import llama_build
@@ -125,9 +124,9 @@ def _policy(config: HostConfig, target: Target | None) -> str | None:
     return "LC_ALL=C apt-cache policy " + " ".join(packages)
 
 
-def _docker_users(config: HostConfig, target: Target | None) -> str | None:
+def _docker_users(config: HostConfig, target: Target | None) -> tuple[Any, ...] | None:
     """docker_users' groups (none to read without one)."""
-    return users.groups_command(config.docker_users) if config.docker_users else None
+    return (config.docker_users,) if config.docker_users else None
 
 
 def _pins(config: HostConfig, target: Target | None) -> str:
@@ -216,8 +215,6 @@ def _sane(which: str) -> Any:
     """One of backend.sane's two prompts (gpubox.answer_sanity), answered whole."""
 
     def command(config: HostConfig, target: Target | None) -> str | None:
-        from gpubox import answer_sanity
-
         if config.backend == "none":
             return None
         prompt = answer_sanity.PROMPTS[which]
@@ -228,8 +225,6 @@ def _sane(which: str) -> Any:
 
 def _tool_call(stream: bool) -> Any:
     def command(config: HostConfig, target: Target | None) -> str | None:
-        from gpubox import openai_shape
-
         if config.backend == "none":
             return None
         return chat(config, openai_shape.tool_request(config.model_alias, stream), limit=300)
@@ -296,7 +291,7 @@ def _query(fields: list[str]) -> str:
 
 
 fact(
-    Fact("os_release", "cat /etc/os-release", parsers.parse_os_release),
+    Fact.of("os_release", reads.OS_RELEASE),
     Fact("kernel", "uname -r"),
     Fact(
         "smi_query",
@@ -312,23 +307,14 @@ fact(
     ),
     Fact("nvlink", "nvidia-smi nvlink -s", parsers.parse_nvlink_status),
     Fact("topo", "nvidia-smi topo -m", parsers.parse_topo_matrix),
-    Fact("lspci", "lspci -Dnn -d 10de:", parsers.parse_lspci),
-    Fact("sb_state", secure_boot.SB_STATE_COMMAND, parsers.parse_secure_boot),
-    Fact(
-        "mok",
-        lambda c, t: secure_boot.state_command(t.family) if t else None,
-        parse_mok_state,
-    ),
-    Fact("module_version", f"cat {layout.NVIDIA_MODULE_VERSION}"),
-    Fact("nouveau", f"test -d {layout.NOUVEAU_MODULE} && echo loaded || echo absent"),
-    Fact(
-        "kernels",
-        kernels.KERNEL_STATE_COMMAND,
-        lambda s: kernels.parse_kernel_state(s.splitlines()),
-        parser_name="kernels.parse_kernel_state",
-    ),
+    Fact.of("lspci", reads.NVIDIA_PCI),
+    Fact.of("sb_state", reads.SECURE_BOOT),
+    Fact.of("mok", reads.MOK_STATE, lambda c, t: (t.family,) if t else None),
+    Fact.of("module_version", reads.LOADED_DRIVER),
+    Fact.of("nouveau", reads.MODULE_LOADED, lambda c, t: ("nouveau",)),
+    Fact.of("kernels", reads.KERNEL_STATE),
     Fact("dpkg", DPKG_QUERY, parsers.parse_dpkg_query),
-    Fact("holds", "apt-mark showhold", parsers.parse_showhold),
+    Fact.of("holds", reads.HELD_PACKAGES),
     Fact("policy", _policy, parsers.parse_apt_policy),
     Fact("pins", _pins, parse_sections),
     Fact("unattended", "apt-config dump Unattended-Upgrade::Package-Blacklist"),
@@ -337,7 +323,7 @@ fact(
         "systemctl show -p Id,LoadState,ActiveState,UnitFileState " + " ".join(SERVICES),
         parse_systemctl_show,
     ),
-    Fact("nvcc", "bash -lc 'command -v nvcc && nvcc --version'"),
+    Fact("nvcc", "bash -lc 'command -v nvcc && nvcc --version'", parsers.parse_nvcc_version),
     Fact("cuda_link", f"readlink -e {layout.USR_LOCAL_CUDA}", ok=(0, 1)),
     Fact(
         "ldconfig_cudart",
@@ -348,7 +334,7 @@ fact(
     Fact("docker_info", "docker info --format '{{json .}}'", json.loads),
     Fact("docker_version", "docker version --format '{{.Server.Version}}'", str.strip),
     Fact("daemon_json", f"cat {layout.DAEMON_JSON}"),
-    Fact("docker_users", _docker_users, parsers.parse_user_groups),
+    Fact.of("docker_users", reads.USER_GROUPS, _docker_users),
     Fact("cdi_list", "nvidia-ctk cdi list 2>&1"),
     Fact("container_all", _container("--gpus all"), parsers.parse_smi_list, active=True),
     Fact(

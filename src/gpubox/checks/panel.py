@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gpubox import layout
 from gpubox import panel as rules
-from gpubox.checks.core import Check, Problem, Reading
+from gpubox.checks.core import Check, Finding, Reading
 from gpubox.config import HostConfig
 
 
@@ -15,14 +15,14 @@ def wanted(c: HostConfig) -> str | None:
     return "panel is none in the inventory" if c.panel == "none" else None
 
 
-def services(c: HostConfig, r: Reading) -> list[Problem]:
+def services(c: HostConfig, r: Reading) -> list[Finding]:
     state: rules.PanelState = r.get("panel")
     found = []
     for unit in (layout.PANEL_CORE, layout.PANEL_AGENT):
         active, enabled = state.unit(unit)
         if (active, enabled) != ("active", "enabled"):
             found.append(
-                Problem(
+                Finding(
                     f"{unit} is {active} and {enabled}",
                     f"journalctl -u {unit} -n 30; systemctl enable --now {unit}; {{deploy}}",
                 )
@@ -30,11 +30,11 @@ def services(c: HostConfig, r: Reading) -> list[Problem]:
     return found
 
 
-def socket(c: HostConfig, r: Reading) -> Problem | None:
+def socket(c: HostConfig, r: Reading) -> Finding | None:
     state: rules.PanelState = r.get("panel")
     if state.socket:
         return None
-    return Problem(
+    return Finding(
         f"the agent's socket {layout.PANEL_AGENT_SOCKET} is missing (the panel's pages answer "
         "502 without it)",
         f"systemctl restart {layout.PANEL_AGENT}; journalctl -u {layout.PANEL_AGENT} -n 30",

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from gpubox import layout
-from gpubox.checks.core import Check, Fact, Problem, Reading, fact
+from gpubox.checks.core import Check, Fact, Finding, Reading, fact
 from gpubox.checks.facts import SECTION, parse_sections, parse_systemctl_show
 from gpubox.config import HostConfig
 
@@ -44,12 +44,12 @@ def watched(c: HostConfig) -> str | None:
     return None if c.watchdog else "watchdog is false in the inventory"
 
 
-def timer_active(c: HostConfig, r: Reading) -> Problem | None:
+def timer_active(c: HostConfig, r: Reading) -> Finding | None:
     timer = r.get("watchdog")["timer"]
     active, state = timer.get("ActiveState", "unknown"), timer.get("UnitFileState", "unknown")
     if active == "active" and state == "enabled":
         return None
-    return Problem(
+    return Finding(
         f"{layout.WATCHDOG_TIMER} is {active} and {state or 'not installed'}",
         f"journalctl -u {layout.WATCHDOG} -n 20; {{deploy}}",
     )

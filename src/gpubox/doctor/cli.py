@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpubox import bench, checks, reach
+from gpubox import bench, checks, inventory, reach
 from gpubox.checks.core import FACTS, Unreachable
 from gpubox.config import ConfigError, HostConfig, load_host_config
 from gpubox.doctor.render import (
@@ -68,9 +68,7 @@ def _runner(host: Any) -> checks.Runner:
 
 
 def main(argv: list[str]) -> int:
-    import testinfra
-
-    from gpubox import inventory
+    import testinfra  # not gpubox's: testinfra and paramiko load only when doctor runs
 
     parser = argparse.ArgumentParser(
         prog="gpubox doctor",

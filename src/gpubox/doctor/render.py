@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gpubox import checks
+from gpubox.bench.llamabench_results import summary_line
 from gpubox.checks import Verdict
 from gpubox.config import HostConfig
 
@@ -67,8 +68,6 @@ def format_bench(record: dict[str, Any] | None, model: str | None = None) -> str
     named = f" of model {other}" if other and other != model else ""
     text = f"last bench {date}{named}: " + ("; ".join(parts) or "no level measured")
     if isinstance(record.get("llama_bench"), dict):  # gpubox bench --llama-bench
-        from gpubox.bench.llamabench_results import summary_line
-
         text += "; " + summary_line(record["llama_bench"])
     return text
 

@@ -1,20 +1,20 @@
 """doctor's view of a host: everything it shows, read from the host's facts (pure, JSON-able):
 OS, GPUs, NVLink, driver, CUDA, Docker, DCGM, backend and burn-in, with the last figures
-`gpubox bench` kept for the host on this machine."""
+`gpubox bench` kept for the host on this machine. Each fact is read as the checks read it
+(``checks.core.Reading``: the fact's own parser, gpubox.checks.facts); the raw output is
+looked at only for why a fact could not be read."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from gpubox import kernels, layout, parsers, secure_boot
-from gpubox.checks.core import Output
-from gpubox.checks.facts import APPS_FIELDS, QUERY_FIELDS, api_base, parse_systemctl_show
+from gpubox.checks.core import FACTS, Facts, Output, Reading, Recorded, Unreadable
+from gpubox.checks.facts import api_base
 from gpubox.config import HostConfig, target_for
-from gpubox.parsers.secure_boot import parse_mok_state
+from gpubox.panel import PanelState
 
 BACKEND_UNITS = layout.BACKEND_UNITS
 
@@ -33,6 +33,26 @@ def _float(value: str | None) -> float | None:
         return None
 
 
+def _read(r: Reading, name: str) -> tuple[Any, str | None]:
+    """The fact as the checks read it: (its parsed value, None), or (None, why not): the
+    command's first error line when it failed, the parser's complaint when its output does not
+    parse, "not read" when it was not read on this host."""
+    try:
+        return r.get(name), None
+    except Unreadable as exc:
+        out = r.facts.get(name)
+        if out is None:
+            return None, "not read"
+        if out.rc not in FACTS[name].ok:
+            return None, out.first_error_line()
+        return None, str(exc.__cause__ or exc)
+
+
+def _value(r: Reading, name: str) -> Any:
+    """The fact's parsed value, None when it cannot be read."""
+    return _read(r, name)[0]
+
+
 def _tool_error(out: Output | None, tool: str) -> str | None:
     """Why a command's output cannot be read, or None when it can."""
     if out is None:
@@ -42,16 +62,12 @@ def _tool_error(out: Output | None, tool: str) -> str | None:
     return None
 
 
-def _describe_os(facts: Mapping[str, Output], config: HostConfig) -> dict[str, Any]:
-    out = facts["os_release"]
-    kernel = facts.get("kernel")
-    view: dict[str, Any] = {"kernel": kernel.stdout.strip() if kernel and kernel.rc == 0 else None}
-    if out.rc != 0:
-        return {**view, "error": out.first_error_line()}
-    try:
-        release = parsers.parse_os_release(out.stdout)
-    except parsers.ParseError as exc:
-        return {**view, "error": str(exc)}
+def _describe_os(r: Reading, config: HostConfig) -> dict[str, Any]:
+    kernel = _value(r, "kernel")
+    view: dict[str, Any] = {"kernel": kernel.strip() if kernel is not None else None}
+    release, error = _read(r, "os_release")
+    if error is not None:
+        return {**view, "error": error}
     target = target_for(release, config.catalog)
     return {
         **view,
@@ -63,8 +79,8 @@ def _describe_os(facts: Mapping[str, Output], config: HostConfig) -> dict[str, A
     }
 
 
-def _describe_gpus(facts: Mapping[str, Output]) -> dict[str, Any]:
-    out = facts.get("smi_query")
+def _describe_gpus(r: Reading) -> dict[str, Any]:
+    out = r.facts.get("smi_query")
     error = _tool_error(out, "nvidia-smi")
     if error or out is None:
         return {"error": error, "gpus": None}
@@ -75,11 +91,10 @@ def _describe_gpus(facts: Mapping[str, Output]) -> dict[str, Any]:
         return {"error": None, "gpus": []}
     if out.rc != 0:
         return {"error": "nvidia-smi failed", "detail": out.first_error_line(), "gpus": None}
-    try:
-        rows = parsers.parse_query_gpu(out.stdout, QUERY_FIELDS)
-    except parsers.ParseError as exc:
-        return {"error": "unreadable", "detail": str(exc), "gpus": None}
-    apps = _compute_apps(facts.get("smi_apps"))
+    rows, error = _read(r, "smi_query")
+    if error is not None:
+        return {"error": "unreadable", "detail": error, "gpus": None}
+    apps = _compute_apps(r)
     gpus = []
     for row in rows:
         uuid = row["uuid"] or ""
@@ -102,13 +117,10 @@ def _describe_gpus(facts: Mapping[str, Output]) -> dict[str, Any]:
     return {"error": None, "gpus": gpus}
 
 
-def _compute_apps(out: Output | None) -> dict[str, list[dict[str, Any]]] | None:
+def _compute_apps(r: Reading) -> dict[str, list[dict[str, Any]]] | None:
     """Compute apps by GPU UUID; None when nvidia-smi could not list them."""
-    if out is None or out.rc != 0:
-        return None
-    try:
-        rows = parsers.parse_query_gpu(out.stdout, APPS_FIELDS)
-    except parsers.ParseError:
+    rows = _value(r, "smi_apps")
+    if rows is None:
         return None
     apps: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -122,33 +134,32 @@ def _compute_apps(out: Output | None) -> dict[str, list[dict[str, Any]]] | None:
     return apps
 
 
-def _describe_nvlink(facts: Mapping[str, Output]) -> dict[str, Any]:
+def _describe_nvlink(r: Reading) -> dict[str, Any]:
     view: dict[str, Any] = {"links": None, "topology": None, "errors": []}
-    out = facts.get("nvlink")
+    out = r.facts.get("nvlink")
     error = _tool_error(out, "nvidia-smi")
     if error is None and out is not None:
-        try:
-            status = parsers.parse_nvlink_status(out.stdout) if out.rc == 0 else None
-            if status is None:
-                view["errors"].append(f"nvlink -s: {out.first_error_line()}")
-            else:
-                view["links"] = [
-                    {
-                        "gpu": gpu,
-                        "up": [link.link for link in links if link.active],
-                        "down": [link.link for link in links if not link.active],
-                        "speed_gbs": next((ln.speed_gbs for ln in links if ln.active), None),
-                    }
-                    for gpu, links in sorted(status.items())
-                ]
-        except parsers.ParseError as exc:
-            view["errors"].append(f"nvlink -s: {exc}")
+        status, why = _read(r, "nvlink")
+        if why is not None:
+            view["errors"].append(f"nvlink -s: {why}")
+        else:
+            view["links"] = [
+                {
+                    "gpu": gpu,
+                    "up": [link.link for link in links if link.active],
+                    "down": [link.link for link in links if not link.active],
+                    "speed_gbs": next((ln.speed_gbs for ln in links if ln.active), None),
+                }
+                for gpu, links in sorted(status.items())
+            ]
     elif error:
         view["errors"].append(error)
-    topo = facts.get("topo")
-    if topo is not None and topo.rc == 0:
-        try:
-            matrix = parsers.parse_topo_matrix(topo.stdout)
+    topo = r.facts.get("topo")
+    if topo is not None and not topo.missing:
+        matrix, why = _read(r, "topo")
+        if why is not None:
+            view["errors"].append(f"topo -m: {why}")
+        else:
             devices = matrix.gpus + matrix.nics
             view["topology"] = {
                 "devices": devices,
@@ -158,20 +169,12 @@ def _describe_nvlink(facts: Mapping[str, Output]) -> dict[str, Any]:
                 ],
                 "cpu_affinity": [matrix.cpu_affinity.get(d) for d in devices],
             }
-        except parsers.ParseError as exc:
-            view["errors"].append(f"topo -m: {exc}")
-    elif topo is not None and not topo.missing:
-        view["errors"].append(f"topo -m: {topo.first_error_line()}")
     return view
 
 
-def _describe_lspci(facts: Mapping[str, Output]) -> list[dict[str, str]] | None:
-    out = facts.get("lspci")
-    if out is None or out.rc != 0:
-        return None
-    try:
-        devices = parsers.parse_lspci(out.stdout)
-    except parsers.ParseError:
+def _describe_lspci(r: Reading) -> list[dict[str, str]] | None:
+    devices = _value(r, "lspci")
+    if devices is None:
         return None
     return [
         {"slot": d.slot, "class_code": d.class_code, "description": d.description}
@@ -180,21 +183,18 @@ def _describe_lspci(facts: Mapping[str, Output]) -> list[dict[str, str]] | None:
     ]
 
 
-def _describe_driver(
-    facts: Mapping[str, Output], config: HostConfig, family: str | None
-) -> dict[str, Any]:
+def _describe_driver(r: Reading, config: HostConfig, family: str | None) -> dict[str, Any]:
     view: dict[str, Any] = {
         "expected": config.driver_version,
         "loaded": None,
         "packages": None,
         "errors": [],
     }
-    module = facts.get("module_version")
-    if module is not None and module.rc == 0 and module.stdout.strip():
-        view["loaded"] = module.stdout.split()[0]
-    out = facts.get("kernels")
-    if out is not None and out.rc == 0:
-        state = kernels.parse_kernel_state(out.stdout.splitlines())
+    loaded = _value(r, "module_version")  # None: none loaded; "mismatch": nvidia-smi's word
+    if loaded and loaded != "mismatch":
+        view["loaded"] = loaded
+    state = _value(r, "kernels")
+    if state is not None:
         view["kernels"] = {
             "kernels": state.kernels,
             "dkms": state.dkms is not None,
@@ -205,23 +205,22 @@ def _describe_driver(
         return view
     want = config.driver_packages(family)
     view["package_version"] = want.package_version
-    dpkg: dict[str, parsers.DpkgPackage] = {}
+    found, why = _read(r, "dpkg")
+    dpkg: dict[str, parsers.DpkgPackage] = found or {}
+    out = r.facts.get("dpkg")
+    if why is not None:
+        view["errors"].append("dpkg-query failed" if out is None or out.rc != 0 else why)
     held: set[str] | None = None
     policy: dict[str, parsers.AptPolicy] | None = None
-    try:
-        out = facts.get("dpkg")
-        if out is not None and out.rc == 0:
-            dpkg = parsers.parse_dpkg_query(out.stdout)
+    for name in ("holds", "policy"):
+        found, why = _read(r, name)
+        out = r.facts.get(name)
+        if why is not None and out is not None and out.rc == 0:
+            view["errors"].append(why)  # read, but not what its parser reads
+        if name == "holds":
+            held = found
         else:
-            view["errors"].append("dpkg-query failed")
-        out = facts.get("holds")
-        if out is not None and out.rc == 0:
-            held = parsers.parse_showhold(out.stdout)
-        out = facts.get("policy")
-        if out is not None and out.rc == 0:
-            policy = parsers.parse_apt_policy(out.stdout)
-    except parsers.ParseError as exc:
-        view["errors"].append(str(exc))
+            policy = found
     packages = []
     for name in want.installed:
         pkg = dpkg.get(name)
@@ -244,7 +243,7 @@ def _describe_driver(
     return view
 
 
-def _describe_cuda(facts: Mapping[str, Output], config: HostConfig) -> dict[str, Any]:
+def _describe_cuda(r: Reading, config: HostConfig) -> dict[str, Any]:
     view: dict[str, Any] = {
         "expected": config.cuda_version,
         "prefix": config.cuda["prefix"],
@@ -252,15 +251,16 @@ def _describe_cuda(facts: Mapping[str, Output], config: HostConfig) -> dict[str,
         "release": None,
         "usr_local_cuda": None,
     }
-    out = facts.get("nvcc")
+    out = r.facts.get("nvcc")
     if out is not None and out.rc == 0:
         lines = out.stdout.splitlines()
-        view["nvcc"] = lines[0].strip() if lines else None
-        with contextlib.suppress(parsers.ParseError):
-            view["release"] = parsers.parse_nvcc_version(out.stdout).version
-    link = facts.get("cuda_link")
-    if link is not None and link.rc == 0 and link.stdout.strip():
-        view["usr_local_cuda"] = link.stdout.strip()
+        view["nvcc"] = lines[0].strip() if lines else None  # `command -v nvcc`
+        found = _value(r, "nvcc")
+        view["release"] = found.version if found else None
+    link, _ = _read(r, "cuda_link")
+    out = r.facts.get("cuda_link")
+    if link and link.strip() and out is not None and out.rc == 0:
+        view["usr_local_cuda"] = link.strip()
     return view
 
 
@@ -275,7 +275,7 @@ def _service(services: dict[str, dict[str, str]] | None, name: str) -> dict[str,
     }
 
 
-def _describe_docker(facts: Mapping[str, Output], services: Any) -> dict[str, Any]:
+def _describe_docker(r: Reading, services: Any) -> dict[str, Any]:
     view: dict[str, Any] = {
         "service": _service(services, "docker"),
         "version": None,
@@ -283,15 +283,12 @@ def _describe_docker(facts: Mapping[str, Output], services: Any) -> dict[str, An
         "default_runtime": None,
         "error": None,
     }
-    out = facts.get("docker_info")
+    out = r.facts.get("docker_info")
     if out is None or out.missing:
         view["error"] = "docker not found"
         return view
-    try:
-        info = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else {}
-    except (ValueError, IndexError):
-        info = {}
-    if not info.get("ServerVersion"):
+    info = _value(r, "docker_info")
+    if not isinstance(info, dict) or not info.get("ServerVersion"):
         view["error"] = "the Docker daemon does not answer: " + out.first_error_line()
         return view
     view["version"] = info.get("ServerVersion")
@@ -300,24 +297,24 @@ def _describe_docker(facts: Mapping[str, Output], services: Any) -> dict[str, An
     return view
 
 
-def _describe_dcgm(facts: Mapping[str, Output], services: Any) -> dict[str, Any]:
+def _describe_dcgm(r: Reading, services: Any) -> dict[str, Any]:
     view: dict[str, Any] = {"service": _service(services, "nvidia-dcgm"), "gpus": None}
-    out = facts.get("dcgm_discovery")
+    out = r.facts.get("dcgm_discovery")
     error = _tool_error(out, "dcgmi")
     if error or out is None:
         view["error"] = error
         return view
-    try:
-        view["gpus"] = len(parsers.parse_dcgmi_discovery(out.stdout))
+    gpus = _value(r, "dcgm_discovery")
+    if gpus is not None:
+        view["gpus"] = len(gpus)
         view["error"] = None
-    except parsers.ParseError:
-        kind = parsers.parse_dcgmi_error(out.text)
-        view["error"] = kind or out.first_error_line()
+    else:  # why dcgmi could not list them, from its message
+        view["error"] = parsers.parse_dcgmi_error(out.text) or out.first_error_line()
     return view
 
 
 def _describe_backend(
-    facts: Mapping[str, Output],
+    r: Reading,
     config: HostConfig,
     services: Any,
     last_bench: dict[str, Any] | None = None,
@@ -339,17 +336,16 @@ def _describe_backend(
     if unit is None:
         return view
     view["service"] = _service(services, unit)
-    out = facts.get("health")
+    # curl's HTTP status ("000": no answer, curl failing), as the check backend.health reads it
+    out = r.facts.get("health")
     if out is not None and out.stdout.strip().isdigit():
         view["health"] = int(out.stdout.strip())
     return view
 
 
-def _describe_watchdog(facts: Mapping[str, Output], config: HostConfig) -> dict[str, Any]:
+def _describe_watchdog(r: Reading, config: HostConfig) -> dict[str, Any]:
     """The watchdog's timer and its record: how often it restarted the server, the last time
     and why (gpubox.watchdog's state file)."""
-    from gpubox.checks.watchdog import parse_watchdog
-
     view: dict[str, Any] = {
         "wanted": config.backend != "none" and config.watchdog,
         "active": None,
@@ -359,10 +355,9 @@ def _describe_watchdog(facts: Mapping[str, Output], config: HostConfig) -> dict[
         "last_reason": None,
         "failures": None,
     }
-    out = facts.get("watchdog")
-    if out is None or out.rc != 0:
+    read = _value(r, "watchdog")
+    if read is None:
         return view
-    read = parse_watchdog(out.stdout)
     timer, state = read["timer"], read["state"] or {}
     view["active"] = timer.get("ActiveState")
     view["enabled"] = timer.get("UnitFileState") or None
@@ -377,17 +372,14 @@ def _describe_watchdog(facts: Mapping[str, Output], config: HostConfig) -> dict[
     return view
 
 
-def _describe_panel(facts: Mapping[str, Output], config: HostConfig) -> dict[str, Any] | None:
+def _describe_panel(r: Reading, config: HostConfig) -> dict[str, Any] | None:
     """The server panel (gpubox.panel), when the inventory asks for one: its version, units,
     port, agent socket and login page (never its entrance or password)."""
-    from gpubox.panel import parse_state
-
     if config.panel == "none":
         return None
-    out = facts.get("panel")
-    if out is None or out.rc != 0:
+    state: PanelState | None = _value(r, "panel")
+    if state is None:
         return {"error": "not read"}
-    state = parse_state(out.stdout)
     return {
         "installed": state.installed,
         "version": state.installed_version,
@@ -398,12 +390,12 @@ def _describe_panel(facts: Mapping[str, Output], config: HostConfig) -> dict[str
     }
 
 
-def _describe_burnin(facts: Mapping[str, Output], now: datetime.datetime) -> dict[str, Any]:
-    out = facts.get("burnin")
-    if out is None or out.rc != 0:
+def _describe_burnin(r: Reading, now: datetime.datetime) -> dict[str, Any]:
+    text = _value(r, "burnin")  # the record file, as the check tools.burnin reads it
+    if text is None:
         return {"record": False}
     try:
-        record = json.loads(out.stdout)
+        record = json.loads(text)
         date = datetime.datetime.fromisoformat(record["date"])
     except (ValueError, KeyError, TypeError):
         return {"record": True, "error": f"{layout.BURNIN_RECORD} is not a gpubox burn-in record"}
@@ -420,26 +412,24 @@ def _describe_burnin(facts: Mapping[str, Output], now: datetime.datetime) -> dic
     }
 
 
-def _describe_secure_boot(facts: Mapping[str, Output]) -> dict[str, Any]:
+def _describe_secure_boot(r: Reading) -> dict[str, Any]:
     """Secure Boot's state, DKMS's signing key (enrolled?), and the NVIDIA modules' signer and
     taint (gpubox.secure_boot)."""
     view: dict[str, Any] = {"enabled": None, "error": None}
-    out = facts.get("sb_state")
+    out = r.facts.get("sb_state")
     if out is None or out.rc != 0:
         view["error"] = "not read"
         return view
-    try:
-        view["enabled"] = parsers.parse_secure_boot(out.stdout)
-    except parsers.ParseError as exc:
-        view["error"] = str(exc)
+    view["enabled"], why = _read(r, "sb_state")
+    if why is not None:
+        view["error"] = why
         return view
-    mok = facts.get("mok")
+    mok = r.facts.get("mok")
     if not view["enabled"] or mok is None or mok.rc != 0:
         return view
-    try:
-        state = parse_mok_state(mok.stdout)
-    except parsers.ParseError as exc:
-        view["error"] = str(exc)
+    state, why = _read(r, "mok")
+    if why is not None:
+        view["error"] = why
         return view
     view.update(
         certificate=state.certificate,
@@ -454,32 +444,31 @@ def _describe_secure_boot(facts: Mapping[str, Output]) -> dict[str, Any]:
 
 def describe(
     config: HostConfig,
-    facts: Mapping[str, Output],
+    facts: Facts | Recorded,
     now: datetime.datetime | None = None,
     last_bench: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything doctor shows, read from the facts (pure; JSON-able). ``last_bench`` is the
-    host's record from ``bench.load_record``, read on this machine by ``main``."""
+    """Everything doctor shows, read from the facts as the checks read them (pure; JSON-able).
+    ``last_bench`` is the host's record from ``bench.load_record``, read on this machine by
+    ``main``."""
     now = now or datetime.datetime.now(datetime.UTC)
-    services = None
-    out = facts.get("services")
-    if out is not None and out.rc == 0:
-        services = parse_systemctl_show(out.stdout)
-    os_view = _describe_os(facts, config)
+    r = Reading(config, facts)
+    services = _value(r, "services")
+    os_view = _describe_os(r, config)
     family = os_view.get("family")
     return {
         "os": os_view,
-        "gpus": _describe_gpus(facts),
-        "lspci_gpus": _describe_lspci(facts),
-        "nvlink": _describe_nvlink(facts),
-        "driver": _describe_driver(facts, config, family),
-        "secure_boot": _describe_secure_boot(facts),
+        "gpus": _describe_gpus(r),
+        "lspci_gpus": _describe_lspci(r),
+        "nvlink": _describe_nvlink(r),
+        "driver": _describe_driver(r, config, family),
+        "secure_boot": _describe_secure_boot(r),
         "persistenced": _service(services, "nvidia-persistenced"),
-        "cuda": _describe_cuda(facts, config),
-        "docker": _describe_docker(facts, services),
-        "dcgm": _describe_dcgm(facts, services),
-        "backend": _describe_backend(facts, config, services, last_bench),
-        "watchdog": _describe_watchdog(facts, config),
-        "panel": _describe_panel(facts, config),
-        "burnin": _describe_burnin(facts, now),
+        "cuda": _describe_cuda(r, config),
+        "docker": _describe_docker(r, services),
+        "dcgm": _describe_dcgm(r, services),
+        "backend": _describe_backend(r, config, services, last_bench),
+        "watchdog": _describe_watchdog(r, config),
+        "panel": _describe_panel(r, config),
+        "burnin": _describe_burnin(r, now),
     }

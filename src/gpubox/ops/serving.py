@@ -12,7 +12,7 @@ from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.operations import server, systemd
 
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.host_facts import CommandOutput
 from gpubox.ops import units
 
 

@@ -59,6 +59,7 @@ from gpubox.parsers.nvidia_smi import (
     SmiTableGpu,
     Topology,
     nvml_library_version,
+    parse_loaded_driver,
     parse_nvlink_status,
     parse_query_gpu,
     parse_smi_error,
@@ -82,6 +83,7 @@ from gpubox.parsers.system import (
     parse_os_release,
     parse_secure_boot,
     parse_user_groups,
+    parse_yes,
 )
 from gpubox.parsers.systemd import (
     LoginSession,
@@ -120,6 +122,7 @@ __all__ = [
     "Topology",
     "UnitState",
     "nvml_library_version",
+    "parse_loaded_driver",
     "parse_apt_policy",
     "parse_dcgmi_diag_json",
     "parse_dcgmi_discovery",
@@ -148,4 +151,5 @@ __all__ = [
     "parse_topo_matrix",
     "parse_unit_state",
     "parse_user_groups",
+    "parse_yes",
 ]

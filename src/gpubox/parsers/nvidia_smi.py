@@ -28,6 +28,23 @@ def parse_smi_error(text: str) -> str | None:
     return None
 
 
+def parse_loaded_driver(text: str) -> str | None:
+    """The loaded NVIDIA kernel module's version from /sys/module/nvidia/version, or from
+    nvidia-smi's ``--query-gpu=driver_version`` where sysfs has no such file: "mismatch" when
+    nvidia-smi reports a driver/library version mismatch, None when no NVIDIA module is loaded
+    (empty output, nvidia-smi's other errors, a first line that is not a version)."""
+    text = text.strip()
+    if not text:
+        return None
+    error = parse_smi_error(text)
+    if error == "version_mismatch":
+        return "mismatch"
+    if error is not None:
+        return None
+    first = text.splitlines()[0].strip()
+    return first if first[:1].isdigit() else None
+
+
 def nvml_library_version(text: str) -> str | None:
     """The "NVML library version: 570.211" a version mismatch names (the userspace side,
     major.minor only), or None."""

@@ -146,6 +146,13 @@ def parse_os_release(text: str) -> dict[str, str]:
     return values
 
 
+def parse_yes(text: str) -> bool:
+    """A shell test's answer, ``... && echo yes || echo no``: True when its last line is
+    "yes"."""
+    lines = text.strip().splitlines()
+    return bool(lines) and lines[-1].strip() == "yes"
+
+
 # --------------------------------------------------------------------------- Secure Boot
 
 

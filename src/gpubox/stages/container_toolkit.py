@@ -18,7 +18,7 @@ from pyinfra.operations import server
 
 from gpubox import answers, layout, operations, preflight
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.host_facts import CommandOutput
 from gpubox.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.ops.apt_repo import apt_repo

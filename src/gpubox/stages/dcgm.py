@@ -12,7 +12,7 @@ from pyinfra.operations import apt, server
 
 from gpubox import answers, layout, preflight
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.host_facts import CommandOutput
 from gpubox.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.ops.apt_repo import nvidia_repo

@@ -20,7 +20,7 @@ from pyinfra.operations import apt, server, systemd
 from gpubox import answers, layout, operations, preflight
 from gpubox.apt_sources import placeholders
 from gpubox.config import HostConfig, Target
-from gpubox.facts import DockerEngine, UserGroups, read_once
+from gpubox.host_facts import DockerEngine, UserGroups, read_once
 from gpubox.ops import units
 from gpubox.ops.apt_repo import apt_repo
 from gpubox.stages import current_config

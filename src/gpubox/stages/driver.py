@@ -25,7 +25,7 @@ from gpubox import (
 )
 from gpubox.config import HostConfig, Target
 from gpubox.errors import HostStopped
-from gpubox.facts import (
+from gpubox.host_facts import (
     CommandOutput,
     KernelModuleLoaded,
     LoadedDriver,

@@ -13,7 +13,7 @@ from pyinfra.operations import server
 
 from gpubox import layout
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.host_facts import CommandOutput
 from gpubox.operations import ManagedFiles
 from gpubox.ops import serving, units
 from gpubox.plans import llamacpp as plan_llamacpp

@@ -13,7 +13,7 @@ from pyinfra.operations import apt, server
 
 from gpubox import nccl, progress
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
+from gpubox.host_facts import CommandOutput, ManifestProblems, manifest_command
 from gpubox.plans.llamacpp import (
     BUILD_FILES,
     BUILD_INFO,

@@ -44,7 +44,7 @@ from pyinfra.operations import apt, files, server, systemd
 from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
 from gpubox.errors import DeployRefused
-from gpubox.facts import CommandOutput, NetworkOutput
+from gpubox.host_facts import CommandOutput, NetworkOutput
 from gpubox.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.plans import checkpoint, model_script

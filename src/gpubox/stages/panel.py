@@ -26,7 +26,7 @@ from pyinfra.operations import apt, files, server, systemd
 from gpubox import layout, preflight
 from gpubox import panel as rules
 from gpubox.config import HostConfig, Target
-from gpubox.facts import CommandOutput, read_once
+from gpubox.host_facts import CommandOutput, read_once
 from gpubox.operations import ManagedFiles
 from gpubox.rendering import FILES
 from gpubox.stages import current_config

@@ -14,7 +14,7 @@ from pyinfra.operations import apt, server
 
 from gpubox import answers, dpkg_ready, layout, operations, preflight
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput, ManifestProblems, manifest_command
+from gpubox.host_facts import CommandOutput, ManifestProblems, manifest_command
 from gpubox.operations import ManagedFiles
 from gpubox.ops.apt_repo import nvidia_repo
 from gpubox.rendering import render

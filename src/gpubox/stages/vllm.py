@@ -44,7 +44,7 @@ from pyinfra.operations import server
 
 from gpubox import compat, layout, torch_archs, vllm_rules
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.host_facts import CommandOutput
 from gpubox.operations import ManagedFiles
 from gpubox.ops import serving, units
 from gpubox.plans import checkpoint

@@ -24,7 +24,7 @@ from pyinfra.operations import systemd
 
 from gpubox import layout, preflight, progress
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.host_facts import CommandOutput
 from gpubox.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.plans import model_script

@@ -16,7 +16,7 @@ from pyinfra.operations import apt, systemd
 from gpubox import layout
 from gpubox import watchdog as script
 from gpubox.config import HostConfig
-from gpubox.facts import CommandOutput
+from gpubox.host_facts import CommandOutput
 from gpubox.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.rendering import render

@@ -1,6 +1,7 @@
 """pyinfra facts about the GPU box. Each fact runs one read-only command and hands the text
-to a pure parser (gpubox.parsers), so the deploy, the host checks and the CLI read the host
-the same way. Every command exits 0: absence is data, not an error."""
+to a pure parser (gpubox.parsers). A fact that the checks read too is one of gpubox.reads'
+reads (``ReadFact``): the deploy, the host checks and doctor read it with the same command
+and parser. Every command exits 0: absence is data, not an error."""
 
 from __future__ import annotations
 
@@ -8,67 +9,67 @@ import json
 import shlex
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, TypeVar, cast
 
 from pyinfra.api import FactBase
 
-from gpubox import parsers, readahead, secure_boot
-from gpubox import users as users_module
+from gpubox import readahead, reads
 from gpubox.desktop import DESKTOP_COMMAND, Desktop, parse_desktop
-from gpubox.parsers.secure_boot import MokState, parse_mok_state
+from gpubox.parsers.secure_boot import MokState
+
+T = TypeVar("T")
 
 
-class OsRelease(FactBase[Mapping[str, str]]):
+class ReadFact(FactBase[T]):
+    """A pyinfra fact that is one of gpubox.reads' reads: ``read``'s parser reads its output;
+    each fact's ``command`` hands the read its arguments (the checks run the same read)."""
+
+    read: ClassVar[reads.Read[Any]]
+
+    def process(self, output: list[str]) -> T:
+        return cast(T, self.read.parse("\n".join(output)))
+
+
+class OsRelease(ReadFact[Mapping[str, str]]):
     """/etc/os-release as a dict (ID, VERSION_ID, VERSION_CODENAME, ...)."""
 
+    read = reads.OS_RELEASE
+
     def command(self) -> str:
-        return "cat /etc/os-release 2>/dev/null || true"
-
-    def process(self, output: list[str]) -> Mapping[str, str]:
-        return parsers.parse_os_release("\n".join(output))
+        return self.read.command_for()
 
 
-class NvidiaPciDevices(FactBase[list[Any]]):
+class NvidiaPciDevices(ReadFact[list[Any]]):
     """NVIDIA devices on the PCI bus (lspci -Dnn; sysfs in lspci's format when it is absent)."""
 
+    read = reads.NVIDIA_PCI
+
     def command(self) -> str:
-        return (
-            "if command -v lspci >/dev/null 2>&1; then lspci -Dnn -d 10de: ; else "
-            "for d in /sys/bus/pci/devices/*; do "
-            '[ "$(cat $d/vendor 2>/dev/null)" = 0x10de ] || continue; '
-            "c=$(cut -c3-6 $d/class); v=$(cut -c3- $d/vendor); i=$(cut -c3- $d/device); "
-            'echo "${d##*/} Class [$c]: NVIDIA Corporation Device [$v:$i]"; '
-            "done; fi 2>/dev/null || true"
-        )
+        return self.read.command_for()
 
     @staticmethod
     def default() -> list[Any]:
         return []
 
-    def process(self, output: list[str]) -> list[Any]:
-        return parsers.parse_lspci("\n".join(output))
 
-
-class SecureBoot(FactBase[bool | None]):
+class SecureBoot(ReadFact[bool | None]):
     """True/False when the firmware says, None on a host without EFI variables."""
 
+    read = reads.SECURE_BOOT
+
     def command(self) -> str:
-        return secure_boot.SB_STATE_COMMAND
-
-    def process(self, output: list[str]) -> bool | None:
-        return parsers.parse_secure_boot("\n".join(output))
+        return self.read.command_for()
 
 
-class MokKey(FactBase[MokState]):
+class MokKey(ReadFact[MokState]):
     """On a Secure Boot box: DKMS's signing key (paths from dkms's framework.conf or the
     distribution's default), whether mokutil says it is enrolled, its serial, and the NVIDIA
     modules DKMS installed for the running kernel (signer) and loaded (taint)."""
 
-    def command(self, family: str) -> str:  # type: ignore[override]
-        return secure_boot.state_command(family)
+    read = reads.MOK_STATE
 
-    def process(self, output: list[str]) -> MokState:
-        return parse_mok_state("\n".join(output))
+    def command(self, family: str) -> str:  # type: ignore[override]
+        return self.read.command_for(family)
 
 
 class UserId(FactBase[int]):
@@ -81,61 +82,45 @@ class UserId(FactBase[int]):
         return int(output[0].strip())
 
 
-class UserGroups(FactBase[dict[str, list[str] | None]]):
+class UserGroups(ReadFact[dict[str, list[str] | None]]):
     """Each named user's groups, None for a user the box does not have (docker_users)."""
 
+    read = reads.USER_GROUPS
+
     def command(self, users: tuple[str, ...]) -> str:  # type: ignore[override]
-        return users_module.groups_command(users)
+        return self.read.command_for(users)
 
     @staticmethod
     def default() -> dict[str, list[str] | None]:
         return {}
 
-    def process(self, output: list[str]) -> dict[str, list[str] | None]:
-        return parsers.parse_user_groups("\n".join(output))
 
+class HeldPackages(ReadFact[set[str]]):
+    read = reads.HELD_PACKAGES
 
-class HeldPackages(FactBase[set[str]]):
     def command(self) -> str:
-        return "apt-mark showhold 2>/dev/null || true"
+        return self.read.command_for()
 
     @staticmethod
     def default() -> set[str]:
         return set()
 
-    def process(self, output: list[str]) -> set[str]:
-        return parsers.parse_showhold("\n".join(output))
 
-
-class LoadedDriver(FactBase[str | None]):
+class LoadedDriver(ReadFact[str | None]):
     """The NVIDIA kernel module's version, "mismatch" when nvidia-smi cannot tell it from a
     different userspace, or None when no NVIDIA module is loaded."""
 
+    read = reads.LOADED_DRIVER
+
     def command(self) -> str:
-        return (
-            "cat /sys/module/nvidia/version 2>/dev/null || "
-            "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n 3 || true"
-        )
-
-    def process(self, output: list[str]) -> str | None:
-        text = "\n".join(output).strip()
-        if not text:
-            return None
-        error = parsers.parse_smi_error(text)
-        if error == "version_mismatch":
-            return "mismatch"
-        if error is not None:
-            return None
-        first = text.splitlines()[0].strip()
-        return first if first[:1].isdigit() else None
+        return self.read.command_for()
 
 
-class KernelModuleLoaded(FactBase[bool]):
-    def command(self, module: str) -> str:
-        return f"test -d /sys/module/{module} && echo yes || echo no"
+class KernelModuleLoaded(ReadFact[bool]):
+    read = reads.MODULE_LOADED
 
-    def process(self, output: list[str]) -> bool:
-        return output[-1].strip() == "yes"
+    def command(self, module: str) -> str:  # type: ignore[override]
+        return self.read.command_for(module)
 
 
 class KeyringFingerprints(FactBase[list[str]]):
