@@ -3,10 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import os
+import subprocess
 import sys
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from gpubox import config, inventory
+from gpubox import config, inventory, reach
+from gpubox.config.keys import KEYS
+
+# What a command needs beyond this module, imported only when that command runs (_lazy):
+# `gpubox --help`, `check` and `keys` need none of it, and together these take about 220 ms
+# to import (pytest, testinfra, the checks, the bench, doctor), more than `gpubox --help`
+# takes in all (about 120 ms, measured 2026-12-02). Each module but gpubox.checks has a
+# main(argv) that parses the command's own arguments.
+LAZY = {
+    "deploy": "gpubox.deploying",
+    "verify": "gpubox.hostchecks.command",
+    "sandbox": "gpubox.sandbox.cli",
+    "bench": "gpubox.bench",
+    "doctor": "gpubox.doctor",
+    "nvlink": "gpubox.nvlink",
+    "checks": "gpubox.checks",
+}
+
+
+def _lazy(command: str) -> ModuleType:
+    """The module of LAZY that ``command`` needs, imported now."""
+    return importlib.import_module(LAZY[command])  # lazy: only the command that runs (LAZY)
 
 
 def _load_hosts(command: str, path: str) -> list[tuple[str, dict[str, Any]]] | None:
@@ -71,10 +99,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_burnin(args: argparse.Namespace) -> int:
     """Run the burn-in deploy against the inventory (pyinfra, as a user would type it); the
     deploy file ships inside the package, so an installed gpubox has it too."""
-    import os
-    import subprocess
-    from pathlib import Path
-
     # The inventory is read and checked here first, so a broken one is one line, not a
     # pyinfra traceback, and a wrong key (or --seconds) stops before any host is contacted.
     hosts = _load_hosts("burnin", args.inventory)
@@ -85,8 +109,6 @@ def cmd_burnin(args: argparse.Namespace) -> int:
     if errors:
         print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
         return 2
-    from gpubox import reach
-
     unreachable = reach.probe_all(hosts)  # one line each; the rest are burned in
     reach.say_unreachable(unreachable)
     if len(unreachable) == len(hosts):
@@ -105,8 +127,7 @@ def cmd_burnin(args: argparse.Namespace) -> int:
 
 def cmd_checks(args: argparse.Namespace) -> int:
     """List every check: id, marker, who runs it, title, the facts it reads (and with what)."""
-    from gpubox import checks
-
+    checks = _lazy("checks")
     rows = [
         (
             c.id,
@@ -137,8 +158,6 @@ def _type_text(kind: type | tuple[type, ...]) -> str:
 
 
 def _default_text(key: Any) -> str:
-    import json
-
     if key.default is None:
         return "derived" if key.derive is not None else "none"
     return f"`{json.dumps(key.default)}`"
@@ -150,8 +169,6 @@ def _cell(text: str) -> str:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     """Every inventory key: name, type, default, what it means (and what it accepts)."""
-    from gpubox.config.keys import KEYS
-
     if args.python:
         print(config.fields_source(), end="")
         return 0
@@ -173,48 +190,19 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("gpubox")
     except metadata.PackageNotFoundError:
         return "unknown (not installed: run pip install .)"
 
 
-def cmd_deploy(argv: list[str]) -> int:
-    from gpubox import deploying
-
-    return deploying.main(argv, _load_hosts, _report)
-
-
-def cmd_verify(argv: list[str]) -> int:
-    from gpubox.hostchecks import command
-
-    return command.main(argv, _load_hosts, _report)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["deploy"]:
-        return cmd_deploy(argv[1:])
-    if argv[:1] == ["verify"]:
-        return cmd_verify(argv[1:])
-    if argv[:1] == ["sandbox"]:
-        from gpubox.sandbox.cli import main as sandbox_main
-
-        return sandbox_main(argv[1:])
-    if argv[:1] == ["bench"]:
-        from gpubox.bench import main as bench_main
-
-        return bench_main(argv[1:])
-    if argv[:1] == ["doctor"]:
-        from gpubox.doctor import main as doctor_main
-
-        return doctor_main(argv[1:])
-    if argv[:1] == ["nvlink"]:
-        from gpubox.nvlink import main as nvlink_main
-
-        return nvlink_main(argv[1:])
+    command = argv[0] if argv else ""
+    if command in ("deploy", "verify"):  # the inventory read and reported as `check` does
+        return int(_lazy(command).main(argv[1:], _load_hosts, _report))
+    if command in ("sandbox", "bench", "doctor", "nvlink"):
+        return int(_lazy(command).main(argv[1:]))
     parser = argparse.ArgumentParser(
         prog="gpubox",
         description=__doc__,
@@ -249,8 +237,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except BrokenPipeError:  # `gpubox keys | head`: the reader has all it wanted
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 

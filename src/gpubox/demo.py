@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TextIO
 from xml.etree import ElementTree
 
+from gpubox import sandbox as sandbox_package  # `sandbox` below runs `gpubox sandbox`
+
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = "inventories/sandbox.py"
 BIN = Path(sys.executable).parent
@@ -127,17 +129,13 @@ def burnin(inventory: str = INVENTORY) -> DeployRun:
 
 def box_info() -> dict:
     """The running sandbox box's facts (box.json)."""
-    from gpubox import sandbox
-
-    return dict(sandbox.box_info())
+    return dict(sandbox_package.box_info())
 
 
 def load_check_image() -> str:
     """The image the host checks start GPU containers from: imported into the box's Docker
     from a local root filesystem (the sandbox reaches no registry)."""
-    from gpubox import sandbox
-
-    return sandbox.load_check_image()
+    return sandbox_package.load_check_image()
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 from pyinfra.api import FactBase
 
-from gpubox import readahead, reads
+from gpubox import kernels, readahead, reads
 from gpubox.desktop import DESKTOP_COMMAND, Desktop, parse_desktop
 from gpubox.parsers.secure_boot import MokState
 
@@ -121,6 +121,32 @@ class KernelModuleLoaded(ReadFact[bool]):
 
     def command(self, module: str) -> str:  # type: ignore[override]
         return self.read.command_for(module)
+
+
+class KernelModules(FactBase[kernels.KernelState]):
+    """The running kernel, the bootable ones, which have headers, and what DKMS has installed
+    (gpubox.kernels: its command and parser)."""
+
+    def command(self) -> str:
+        return kernels.KERNEL_STATE_COMMAND
+
+    def process(self, output: list[str]) -> kernels.KernelState:
+        return kernels.parse_kernel_state(output)
+
+
+class KernelMetas(FactBase[list[kernels.KernelMeta]]):
+    """The installed kernel image meta packages (linux-image-generic, -generic-hwe-24.04,
+    -amd64, ...) with their versions (gpubox.kernels: its command and parser)."""
+
+    def command(self) -> str:
+        return kernels.KERNEL_METAS_COMMAND
+
+    @staticmethod
+    def default() -> list[kernels.KernelMeta]:
+        return []
+
+    def process(self, output: list[str]) -> list[kernels.KernelMeta]:
+        return kernels.parse_kernel_metas("\n".join(output))
 
 
 class KeyringFingerprints(FactBase[list[str]]):

@@ -9,8 +9,9 @@ hwe-24.04, linux-image-amd64 -> linux-headers-amd64) whose series the box boots,
 image meta installed, the running kernel's flavour's (linux-headers-generic). The host checks
 ask `dkms status` that the module is installed for every kernel the box can boot.
 
-Pure helpers here; the facts that read a host live here with their parsers, since the driver
-stage, the host checks and doctor all read it the same way.
+A leaf (the standard library and gpubox.parsers, nothing of pyinfra): the commands that read a
+host live here with their parsers, since the driver stage (through gpubox.facts' KernelModules
+and KernelMetas), the host checks and doctor all read it the same way.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-from pyinfra.api import FactBase
 
 from gpubox import parsers
 
@@ -235,17 +234,6 @@ KERNEL_STATE_COMMAND = (
 )
 
 
-class KernelModules(FactBase[KernelState]):
-    """The running kernel, the bootable ones, which have headers, and what DKMS has installed
-    (dkms_installed_command)."""
-
-    def command(self) -> str:
-        return KERNEL_STATE_COMMAND
-
-    def process(self, output: list[str]) -> KernelState:
-        return parse_kernel_state(output)
-
-
 def repair_command(kernels: Iterable[str]) -> str:
     """Build and install the module for each kernel lacking it: `dkms autoinstall` where the
     headers are there, else install that kernel's headers (DKMS's headers hook then builds)."""
@@ -267,18 +255,3 @@ KERNEL_METAS_COMMAND = (
     "dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n' 'linux-image-*' "
     "2>/dev/null || true"
 )
-
-
-class KernelMetas(FactBase[list[KernelMeta]]):
-    """The installed kernel image meta packages (linux-image-generic, -generic-hwe-24.04,
-    -amd64, ...) with their versions."""
-
-    def command(self) -> str:
-        return KERNEL_METAS_COMMAND
-
-    @staticmethod
-    def default() -> list[KernelMeta]:
-        return []
-
-    def process(self, output: list[str]) -> list[KernelMeta]:
-        return parse_kernel_metas("\n".join(output))

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpubox import parsers
+import testinfra
+
+from gpubox import inventory, parsers, reach
 
 FIELDS = "449,1011,1012"
 TX, RX, TOTAL = "NVLTX", "NVLRX", "NBWLT"
@@ -199,10 +201,6 @@ class HostUnreachable(Exception):
 def _connect(args: argparse.Namespace, tmp: str) -> tuple[str, Any]:
     """(name, testinfra host) of the host to watch; raises HostUnreachable (with why) when
     its SSH cannot be reached, SystemExit(2) for an unusable inventory or choice."""
-    import testinfra
-
-    from gpubox import inventory, reach
-
     if args.inventory is None:
         user_config = Path.home() / ".ssh" / "config"  # an alias there, as ssh would read it
         data = {"ssh_config_file": str(user_config)} if user_config.is_file() else {}
@@ -258,8 +256,6 @@ def main(argv: list[str]) -> int:
     if args.interval <= 0:
         parser.error("--interval must be positive")
     live = sys.stdout.isatty() and args.count is None
-    from gpubox import reach
-
     name = args.host or "?"
     try:
         with tempfile.TemporaryDirectory(prefix="gpubox-nvlink-") as tmp:

@@ -14,6 +14,8 @@ import atexit
 import json
 import os
 
+from gpubox import reach
+
 ENV = "GPUBOX_OUTCOME_FILE"
 _stopped: set[str] = set()
 _registered = False
@@ -34,7 +36,7 @@ def write() -> None:
         return
     failed: list[str] = []
     try:
-        from pyinfra.context import ctx_state
+        from pyinfra.context import ctx_state  # off `gpubox deploy`, which runs pyinfra as a child
 
         if ctx_state.isset():
             failed = sorted(h.name for h in ctx_state.get().failed_hosts)
@@ -49,8 +51,6 @@ def write() -> None:
 
 def exit_code(path: str, rc: int) -> int:
     """gpubox deploy's exit code from pyinfra's ``rc`` and the outcome file at ``path``."""
-    from gpubox import reach
-
     if rc == 0:
         return reach.OK
     if rc == 2:

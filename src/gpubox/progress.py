@@ -15,9 +15,8 @@ log's last 40 lines go to stderr, so pyinfra shows them with the error. The exit
 command is the operation's; the log is removed however the step ends.
 
 How to use (``name`` and every pyinfra global argument, ``_sudo`` included, work as for
-``server.shell``; the returned OperationMeta answers ``did_change()`` like server.shell's)::
-
-    from gpubox import progress
+``server.shell``; the returned OperationMeta answers ``did_change()`` like server.shell's),
+in a stage that imports ``progress`` from gpubox at its top::
 
     # a download into a file or a directory (partial files count), total known or not
     progress.long_step(

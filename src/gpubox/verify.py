@@ -15,6 +15,7 @@ and the server's slots would be busy with them."""
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Iterable
 
 from pyinfra import host, logger
@@ -22,6 +23,7 @@ from pyinfra.api import OperationError, operation
 
 from gpubox import checks
 from gpubox.config import HostConfig
+from gpubox.stages import current_config
 
 RC_MARK = "@@gpubox-rc="
 BATCH_MARK = "@@gpubox-batch"
@@ -142,14 +144,12 @@ def read_ahead(
 ) -> None:
     """Read every fact the chosen checks may read in one round trip (after the OS release,
     which the other commands depend on)."""
-    from gpubox.checks.core import FACTS
-
     target = facts.target
     # in the order the checks read them
     names = [n for n in dict.fromkeys(n for c in chosen for n in c.reads) if n != "os_release"]
     commands, in_turn = [], []
     for name in names:
-        fact = FACTS.get(name)
+        fact = checks.FACTS.get(name)
         if fact is None or fact.active:
             continue
         command = fact.command_for(config, target)
@@ -167,8 +167,6 @@ def failures(verdicts: list[checks.Verdict]) -> str:
 @operation(is_idempotent=True)
 def verify_host(inventory: str):
     """Judge the host with the deploy's checks (when this operation executes)."""
-    from gpubox.stages import current_config
-
     config = current_config()
     sudo = {"_sudo": True} if host.data.get("_sudo") else {}
     batch = Batch(host, sudo)
@@ -202,10 +200,6 @@ def inventory_argument(argv: list[str]) -> str:
 
 def verify() -> None:
     """Add the check operation when the inventory asks for it (verify_after_deploy)."""
-    import sys
-
-    from gpubox.stages import current_config
-
     if not current_config().verify_after_deploy:
         return
     verify_host(

@@ -40,8 +40,8 @@ V100_LSPCI = [
 # driver bound yet.
 SERVER_DESKTOP_STATE = (FACTS / "desktop-state-server").read_text().splitlines()
 
-# gpubox.kernels.KernelMetas on a fresh Ubuntu 24.04 server: the GA kernel's image meta at the
-# version of the running 6.8.0-88 kernel (Ubuntu's linux-meta source, noble-updates).
+# gpubox.kernels.KERNEL_METAS_COMMAND on a fresh Ubuntu 24.04 server: the GA kernel's image
+# meta at the version of the running 6.8.0-88 kernel (Ubuntu's linux-meta source, noble-updates).
 KERNEL_METAS = {"ubuntu2404": ["linux-image-generic\t6.8.0-88.89\tii "]}
 
 OS_FAMILY = {"ubuntu2404": ("ubuntu", "24.04", "noble"), "debian12": ("debian", "12", "bookworm")}

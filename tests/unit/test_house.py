@@ -1,13 +1,19 @@
 """The house rules of docs/design.md, checked on the source: every module in one layer of the
 design's layer table and no import running up a layer, no import circle (imports inside
-functions count for both), the leaves import nothing of gpubox, and no module outside the
-sandbox grows past about 500 lines."""
+functions count for both), the leaves import nothing of gpubox, nothing below the pyinfra
+facts imports pyinfra, imports at the top (an import inside a function says why on its line),
+and no module outside the sandbox grows past about 500 lines."""
 
 from __future__ import annotations
 
 import ast
+import io
+import json
+import os
 import re
 import subprocess
+import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -28,19 +34,39 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
     return found
 
 
-def import_sites(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int, bool]]:
-    """Every import of a gpubox module in ``name``'s file: (the module, its line, whether it
-    sits inside a function). ``from pkg import mod`` is an import of pkg.mod; ``from pkg import
-    thing`` of pkg."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def in_functions(tree: ast.AST) -> set[int]:
+    """The ids of every node inside a function (or a lambda) of ``tree``."""
     inside: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             inside |= {id(n) for n in ast.walk(node) if n is not node}
+    return inside
+
+
+def is_import_module(node: ast.AST) -> bool:
+    """A call of importlib.import_module (or __import__): an import by name."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in ("import_module", "__import__")
+
+
+def import_sites(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int, bool]]:
+    """Every import of a gpubox module in ``name``'s file: (the module, its line, whether it
+    sits inside a function). ``from pkg import mod`` is an import of pkg.mod; ``from pkg import
+    thing`` of pkg. In a file that imports by name (importlib.import_module), every string
+    that is a gpubox module's name counts as its import inside a function (cli's LAZY)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inside = in_functions(tree)
+    by_name = any(is_import_module(node) for node in ast.walk(tree))
     found: list[tuple[str, int, bool]] = []
     for node in ast.walk(tree):
         targets: set[str] = set()
+        if by_name and isinstance(node, ast.Constant) and node.value in known:
+            found.append((str(node.value), node.lineno, True))
+            continue
         if isinstance(node, ast.Import):
             targets = {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -126,6 +152,106 @@ def test_the_leaves_import_nothing_of_gpubox_but_themselves(leaf: str):
     mine = {m for m in known if m == leaf or m.startswith(leaf + ".")}
     outside = {m: sorted(edges[m] - mine) for m in mine if edges[m] - mine}
     assert outside == {}
+
+
+# Imports at the top: an import of gpubox inside a function says why on its line (a comment),
+# and there are at most this many outside the sandbox (docs/design.md, "Imports at the top").
+MAX_FUNCTION_IMPORTS = 5
+
+
+def function_imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, bool]]:
+    """Every import of gpubox made inside a function of ``name``'s file, as ("module:line",
+    whether a comment on one of its lines says why): the import statements, and the calls
+    that import by name (importlib.import_module), whatever they name."""
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    inside = in_functions(tree)
+    commented = {
+        token.start[0]
+        for token in tokenize.generate_tokens(io.StringIO(text).readline)
+        if token.type == tokenize.COMMENT
+    }
+    lazy = {line for module, line, in_function in import_sites(name, path, known) if in_function}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) not in inside:
+            continue
+        if (isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno in lazy) or (
+            is_import_module(node)
+        ):
+            lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+            found.append((f"{name}:{node.lineno}", any(n in commented for n in lines)))
+    return sorted(found)
+
+
+def all_function_imports(known: dict[str, Path]) -> list[tuple[str, bool]]:
+    return [
+        site
+        for name, path in sorted(known.items())
+        if not name.startswith("gpubox.sandbox")
+        for site in function_imports(name, path, known)
+    ]
+
+
+def test_an_import_inside_a_function_says_why_on_its_line():
+    sites = all_function_imports(modules())
+    assert [site for site, why in sites if not why] == []
+    assert len(sites) <= MAX_FUNCTION_IMPORTS, sites
+
+
+def test_the_function_import_check_finds_a_planted_one(tmp_path: Path):
+    root = tmp_path / "gpubox"
+    (root / "bench").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "layout.py").write_text("")
+    (root / "bench" / "__init__.py").write_text("")
+    (root / "bench" / "cli.py").write_text(
+        "import importlib\n"
+        "from gpubox import layout\n\n"
+        "LAZY = {'x': 'gpubox.layout'}\n\n"
+        "def f():\n"
+        "    from gpubox import layout  # a reason\n\n"
+        "def g():\n"
+        "    from gpubox import (\n"
+        "        layout,\n"
+        "    )\n"
+        "    import json\n\n"
+        "def h(name):\n"
+        "    return importlib.import_module(LAZY[name])\n"
+    )
+    known = modules(root)
+    assert all_function_imports(known) == [
+        ("gpubox.bench.cli:10", False),
+        ("gpubox.bench.cli:16", False),
+        ("gpubox.bench.cli:7", True),
+    ]
+    # the module named in LAZY counts as imported inside a function (the layers, the circles)
+    assert ("gpubox.layout", 4, True) in import_sites(
+        "gpubox.bench.cli", root / "bench" / "cli.py", known
+    )
+
+
+def test_the_commands_import_no_pyinfra_and_patch_nothing_with_gevent():
+    """`gpubox --help` imports none of what its commands need (cli's LAZY); the bench's
+    modules, imported, leave this process unpatched (pyinfra_cli patches threads and sockets
+    with gevent when imported: gpubox.inventory.load, run in the bench's child process)."""
+    probe = (
+        "import json, sys\n"
+        "import gpubox.cli\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'pyinfra', 'pyinfra_cli', 'paramiko', 'testinfra', 'pytest', 'gevent'})\n"
+        "import gpubox.bench, gpubox.bench.smoke, gpubox.bench.smoke_host, gpubox.nvlink\n"
+        "monkey = sys.modules.get('gevent.monkey')\n"
+        "print(json.dumps([heavy, bool(monkey and monkey.is_module_patched('socket'))]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    ).stdout
+    assert json.loads(out) == [[], False]
 
 
 def test_no_module_outside_the_sandbox_is_longer_than_about_500_lines():
@@ -230,6 +356,59 @@ def test_every_module_is_in_one_row_of_the_design_layer_table():
 def test_no_module_imports_from_a_layer_above_its_own():
     rows = layer_table(DESIGN.read_text(encoding="utf-8"))
     assert upward_imports(rows, modules(), UPWARD_EXCEPTIONS) == []
+
+
+# Below the pyinfra facts and operations nothing imports pyinfra at its top, so importing the
+# checks, the bench or doctor imports none of it; each exception says why.
+PYINFRA_ROW = "pyinfra facts and operations"
+PYINFRA_BELOW: dict[str, str] = {
+    "gpubox.errors": "its exceptions are pyinfra's (PyinfraError): pyinfra reports them",
+}
+
+
+def pyinfra_at_the_top(path: Path) -> list[int]:
+    """The lines of ``path``'s imports of pyinfra (or pyinfra_cli, gevent) outside functions."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inside = in_functions(tree)
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in inside:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        if any(n.split(".")[0] in ("pyinfra", "pyinfra_cli", "gevent") for n in names):
+            found.append(node.lineno)
+    return found
+
+
+def pyinfra_below(rows: list[tuple[str, list[str]]], known: dict[str, Path]) -> list[str]:
+    limit = [layer for layer, _ in rows].index(PYINFRA_ROW)
+    placed = placement(rows, known)
+    return [
+        f"{name}:{line} ({rows[placed[name]][0]})"
+        for name, path in sorted(known.items())
+        if placed.get(name, limit) < limit and name not in PYINFRA_BELOW
+        for line in pyinfra_at_the_top(path)
+    ]
+
+
+def test_nothing_below_the_pyinfra_facts_imports_pyinfra_at_its_top():
+    rows = layer_table(DESIGN.read_text(encoding="utf-8"))
+    assert pyinfra_below(rows, modules()) == []
+
+
+def test_the_pyinfra_check_finds_a_planted_import(tmp_path: Path):
+    rows = [("leaves", ["gpubox.kernels"]), (PYINFRA_ROW, ["gpubox.facts"])]
+    root = tmp_path / "gpubox"
+    root.mkdir()
+    (root / "facts.py").write_text("from pyinfra.api import FactBase\n")
+    (root / "kernels.py").write_text("def f():\n    import pyinfra  # lazy\n")
+    assert pyinfra_below(rows, modules(root)) == []
+    (root / "kernels.py").write_text("import re\nfrom pyinfra.api import FactBase\n")
+    assert pyinfra_below(rows, modules(root)) == ["gpubox.kernels:2 (leaves)"]
 
 
 def test_every_allowed_upward_import_is_still_made():

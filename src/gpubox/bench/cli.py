@@ -32,9 +32,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpubox import reach, tunnel
-from gpubox.bench import llamabench
+import testinfra
+
+from gpubox import config, reach, tunnel
+from gpubox.bench import llamabench, smoke, smoke_host
 from gpubox.bench.client import KEY_ENV, BenchError, Endpoint, EndpointUnreachable, normalize_url
+from gpubox.bench.llamabench import _runner
 from gpubox.bench.output import format_comparison, format_table, write_plot
 from gpubox.bench.records import host_url, save_record, summary_record
 from gpubox.bench.runner import Settings, bench_endpoint
@@ -221,8 +224,6 @@ def _targets(args: argparse.Namespace) -> list[Target]:
         if not args.model:
             raise BenchError("--model NAME is required with a URL (see /v1/models)")
         return [Target("", normalize_url(args.url), args.model)]
-    from gpubox import config
-
     hosts = _load_inventory(args.inventory)
     if not hosts:
         raise BenchError(f"{args.inventory} defines no hosts")
@@ -323,10 +324,6 @@ def smoke_main(args: argparse.Namespace) -> int:
     """`gpubox bench --smoke INV`: each host's configurations, its table and advice. Exit
     status: 0 a configuration to keep and the server back, 1 none answered text or the
     server is not back, 2 nothing could be run, 3 a host unreachable; 130 interrupted."""
-    import testinfra
-
-    from gpubox.bench import smoke, smoke_host
-    from gpubox.bench.llamabench import _runner
 
     def say(text: str) -> None:
         print(f"gpubox bench --smoke: {text}", file=sys.stderr, flush=True)

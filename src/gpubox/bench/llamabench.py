@@ -23,6 +23,7 @@ as failed with llama-bench's own error.
 
 The host's data is read in a child process (pyinfra's CLI patches threads with gevent, which
 the served bench must not run under); commands reach the host over SSH with its inventory's
+settings (testinfra's paramiko backend).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpubox import layout
+import testinfra
+
+from gpubox import config, inventory, layout, reach
 from gpubox.bench.client import BenchError
 from gpubox.bench.llamabench_host import Plan, bench_host
 from gpubox.bench.llamabench_results import (
@@ -48,19 +51,15 @@ from gpubox.bench.llamabench_results import (
     record_entry,
 )
 from gpubox.bench.records import host_url, load_record, record_url, save_record
+from gpubox.checks import Output, Runner
+from gpubox.checks.facts import api_base
 from gpubox.config import LLAMA_SPLIT_MODES as SPLIT_MODES
 from gpubox.plans.llamacpp import llama_build
 from gpubox.plans.model import plan as model_plan
 
-if TYPE_CHECKING:  # checks import the stages (pyinfra): not at `gpubox bench`'s start
-    from gpubox.checks import Runner
-
 
 def host_plan(name: str, data: dict[str, Any]) -> Plan:
     """The plan of one host, from the same HostConfig the deploy uses (run in the child)."""
-    from gpubox import config, inventory
-    from gpubox.checks.facts import api_base
-
     try:
         cfg = config.load_host_config(name, data)
     except config.ConfigError as exc:
@@ -86,8 +85,6 @@ def host_plan(name: str, data: dict[str, Any]) -> Plan:
 def plans_json(path: str) -> str:
     """Every host's plan as JSON (the child process prints it); exits with a one-line reason
     when the inventory cannot be read."""
-    from gpubox import inventory
-
     try:
         hosts = inventory.load(path)
     except inventory.InventoryError as exc:
@@ -157,8 +154,6 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _runner(host: Any) -> Runner:
-    from gpubox.checks import Output
-
     def run(command: str) -> Output:
         result = host.run(command)
         return Output(result.rc, result.stdout, result.stderr, command)
@@ -183,10 +178,6 @@ def main_hook(
     run, 3 a host unreachable; 130 interrupted."""
     if not (args.llama_bench or args.split_modes):
         return 0, None
-    import testinfra
-
-    from gpubox import reach
-
     try:
         plans = load_plans(args.inventory)
     except BenchError as exc:

@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpubox import layout
 from gpubox.bench.llamabench_results import (
@@ -26,9 +26,7 @@ from gpubox.bench.llamabench_results import (
     error_text,
     mode_result,
 )
-
-if TYPE_CHECKING:  # checks import the stages (pyinfra): not at `gpubox bench`'s start
-    from gpubox.checks import Runner
+from gpubox.checks import Runner
 
 ERROR_TAIL = 4000  # bytes of llama-bench's stderr brought back
 HEALTH_POLL = 2.0

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # checks import the stages lazily; keep `gpubox bench`'s start light
-    from gpubox.checks import Output
+from gpubox.checks import Output
 
 N_PROMPT = 512
 N_GEN = 128

@@ -29,7 +29,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpubox import config, inventory, layout
 from gpubox.bench.client import BenchError
+from gpubox.checks.facts import api_base
 from gpubox.plans import vllm as stage
 
 CONTAINER = "gpubox-vllm-smoke"
@@ -131,9 +133,6 @@ def start_command(argv: list[str], api_key_file: str) -> str:
 
 def host_plan(name: str, data: dict[str, Any]) -> Plan:
     """One host's plan (run in the child process)."""
-    from gpubox import config, inventory, layout
-    from gpubox.checks.facts import api_base
-
     try:
         cfg = config.load_host_config(name, data)
     except config.ConfigError as exc:
@@ -170,8 +169,6 @@ def host_plan(name: str, data: dict[str, Any]) -> Plan:
 
 
 def plans_json(path: str) -> str:
-    from gpubox import inventory
-
     try:
         hosts = inventory.load(path)
     except inventory.InventoryError as exc:

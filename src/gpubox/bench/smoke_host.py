@@ -11,16 +11,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gpubox import answer_sanity
 from gpubox.bench.client import Endpoint, stream_request
 from gpubox.bench.metrics import tpot
 from gpubox.bench.smoke import CONTAINER, ENV_FILE, MAX_TOKENS, Plan, Row
+from gpubox.checks import Runner
 from gpubox.openai_shape import Answer
-
-if TYPE_CHECKING:  # checks import the stages (pyinfra): not at `gpubox bench`'s start
-    from gpubox.checks import Runner
 
 HEALTH_POLL = 2.0
 PROGRESS_EVERY = 15.0

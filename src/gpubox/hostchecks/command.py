@@ -16,7 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpubox import reach
+from gpubox.deploying import probe_all
+from gpubox.hostchecks import plugin
 
 HERE = Path(__file__).resolve().parent
 
@@ -88,18 +92,12 @@ def main(
     if errors:
         print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
         return reach.BAD_INPUT
-    from gpubox.deploying import probe_all
-
     found = probe_all(hosts, probe)
     down = {name: why for name, why in found.items() if why is not None}
     for name, why in down.items():
         print(reach.unreachable_line(name, why), flush=True)
     if len(down) == len(hosts):
         return reach.UNREACHABLE
-    import pytest
-
-    from gpubox.hostchecks import plugin
-
     plugin.PROBED.clear()
     plugin.PROBED.update(found)
     plugin.REPORTED.clear()

@@ -22,6 +22,7 @@ import testinfra
 
 from gpubox import checks, inventory, reach
 from gpubox.config import HostConfig, load_host_config
+from gpubox.deploying import probe_all
 
 MARKERS = {
     "quick": "fast host checks (a few seconds per host)",
@@ -82,8 +83,6 @@ def unreachable(config: pytest.Config) -> dict[str, str]:
         if config.option.collectonly:
             config.stash[_probed] = {}
         else:
-            from gpubox.deploying import probe_all
-
             hosts = _hosts(config)
             todo = [h for h in hosts if h[0] not in PROBED]
             found = {**{n: PROBED[n] for n, _ in hosts if n in PROBED}, **probe_all(todo)}

@@ -27,7 +27,9 @@ from gpubox.config import HostConfig, Target
 from gpubox.errors import HostStopped
 from gpubox.host_facts import (
     CommandOutput,
+    KernelMetas,
     KernelModuleLoaded,
+    KernelModules,
     LoadedDriver,
     MokKey,
     SecureBoot,
@@ -89,8 +91,8 @@ def driver() -> None:
             "of each series the box boots)",
             packages=kernels.headers_packages(
                 host.get_fact(KernelVersion),
-                host.get_fact(kernels.KernelModules).kernels,
-                host.get_fact(kernels.KernelMetas),
+                host.get_fact(KernelModules).kernels,
+                host.get_fact(KernelMetas),
             ),
             no_recommends=True,
         )
@@ -122,9 +124,7 @@ def driver() -> None:
         name="Reinstall driver packages missing a file (nvidia-smi, the libraries)",
         packages=p.pinned,
     )
-    lacking = kernels.kernels_lacking_module(
-        host.get_fact(kernels.KernelModules), config.driver_version
-    )
+    lacking = kernels.kernels_lacking_module(host.get_fact(KernelModules), config.driver_version)
     if lacking:
         server.shell(
             name=f"Build the NVIDIA module for every bootable kernel ({', '.join(lacking)})",
