@@ -116,7 +116,7 @@ class Tunnel:
                 if not data:
                     return
                 remote.sendall(data)
-        except (OSError, EOFError):
+        except (OSError, EOFError, ValueError):  # ValueError: the other thread closed local
             return
         finally:
             _end(local, remote)

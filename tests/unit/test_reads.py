@@ -42,9 +42,9 @@ def test_the_deploy_and_the_checks_read_the_host_the_same_way(
 
 
 def test_the_kernels_fact_is_the_read_the_deploy_makes():
-    assert FACTS["kernels"].command_for(CONFIG, TARGET) == kernels.KernelModules().command()
+    assert FACTS["kernels"].command_for(CONFIG, TARGET) == host_facts.KernelModules().command()
     text = "R 6.1.0-28-amd64\nK 6.1.0-28-amd64\nDKMS\n"
-    assert FACTS["kernels"].parse(text) == kernels.KernelModules().process(text.splitlines())
+    assert FACTS["kernels"].parse(text) == host_facts.KernelModules().process(text.splitlines())
 
 
 def test_a_read_the_pyinfra_fact_processes_as_the_checks_parse_it():
