@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -236,6 +237,10 @@ class _Box(paramiko.ServerInterface):
         self.commands.append(command.decode())
 
         def run() -> None:
+            # paramiko sends the request's success reply after this method returns: a command
+            # answered and closed before it (a quick cat on a busy machine) reads "Channel
+            # closed." on the client. sshd replies first; so does this server, given a moment.
+            time.sleep(0.2)
             proc = subprocess.run(["sh", "-c", command], capture_output=True, check=False)
             channel.sendall(proc.stdout)
             channel.sendall_stderr(proc.stderr)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from helpers import REFERENCE
 
-from gpubox import host_facts, kernels, parsers, reads
+from gpubox import host_facts, parsers, reads
 from gpubox.checks.core import FACTS, Fact
 from gpubox.config import load_host_config, target_for
 
