@@ -3,7 +3,12 @@ connection data into what testinfra needs (the host checks use the same inventor
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +137,32 @@ def ssh_config_entry(name: str, data: dict[str, Any]) -> str:
 
 def uses_sudo(data: dict[str, Any]) -> bool:
     return bool(data.get("_sudo")) and data.get("ssh_user") not in (None, "root")
+
+
+def plans_json(path: str, host_plan: Callable[[str, dict[str, Any]], Any]) -> str:
+    """Every host's plan (``host_plan(name, data)``, a dataclass) as JSON, for a child process
+    to print (see ``plans_in_child``); exits with the one-line reason when the inventory
+    cannot be read."""
+    try:
+        hosts = load(path)
+    except InventoryError as exc:
+        sys.exit(str(exc))
+    return json.dumps([asdict(host_plan(name, data)) for name, data in hosts])
+
+
+def plans_in_child(module: str, path: str) -> list[dict[str, Any]]:
+    """What ``module.plans_json(path)`` prints, run in a child Python process: pyinfra's CLI
+    patches threads with gevent, and the command asking (a bench that measures the served
+    API) must not run under it. Raises InventoryError with the child's last error line."""
+    code = (
+        "import sys\nfrom importlib import import_module\n"
+        f"print(import_module({module!r}).plans_json(sys.argv[1]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, path], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        raise InventoryError(path, lines[-1] if lines else "unknown error")
+    plans: list[dict[str, Any]] = json.loads(proc.stdout)
+    return plans

@@ -29,8 +29,6 @@ settings (testinfra's paramiko backend).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -83,28 +81,15 @@ def host_plan(name: str, data: dict[str, Any]) -> Plan:
 
 
 def plans_json(path: str) -> str:
-    """Every host's plan as JSON (the child process prints it); exits with a one-line reason
-    when the inventory cannot be read."""
-    try:
-        hosts = inventory.load(path)
-    except inventory.InventoryError as exc:
-        sys.exit(str(exc))
-    return json.dumps([asdict(host_plan(name, data)) for name, data in hosts])
-
-
-_CHILD = (
-    "import sys\nfrom gpubox.bench import llamabench\nprint(llamabench.plans_json(sys.argv[1]))\n"
-)
+    """Every host's plan as JSON (the child process prints it)."""
+    return inventory.plans_json(path, host_plan)
 
 
 def load_plans(path: str) -> list[Plan]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, path], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        raise BenchError(f"cannot read {path}: {lines[-1] if lines else 'unknown error'}")
-    return [Plan(**p) for p in json.loads(proc.stdout)]
+    try:
+        return [Plan(**p) for p in inventory.plans_in_child(__name__, path)]
+    except inventory.InventoryError as exc:
+        raise BenchError(f"cannot read {path}: {exc}") from None
 
 
 def save(result: HostResult, plan: Plan, date: str | None = None) -> None:

@@ -22,11 +22,8 @@ is gpubox.bench.smoke_host.
 
 from __future__ import annotations
 
-import json
 import shlex
-import subprocess
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox import config, inventory, layout
@@ -169,25 +166,17 @@ def host_plan(name: str, data: dict[str, Any]) -> Plan:
 
 
 def plans_json(path: str) -> str:
-    try:
-        hosts = inventory.load(path)
-    except inventory.InventoryError as exc:
-        sys.exit(str(exc))
-    return json.dumps([asdict(host_plan(name, data)) for name, data in hosts])
-
-
-_CHILD = "import sys\nfrom gpubox.bench import smoke\nprint(smoke.plans_json(sys.argv[1]))\n"
+    """Every host's plan as JSON (the child process prints it)."""
+    return inventory.plans_json(path, host_plan)
 
 
 def load_plans(path: str) -> list[Plan]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, path], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        raise BenchError(f"cannot read {path}: {lines[-1] if lines else 'unknown error'}")
+    try:
+        raw = inventory.plans_in_child(__name__, path)
+    except inventory.InventoryError as exc:
+        raise BenchError(f"cannot read {path}: {exc}") from None
     plans = []
-    for p in json.loads(proc.stdout):
+    for p in raw:
         p["variants"] = [Variant(**v) for v in p["variants"]]
         plans.append(Plan(**p))
     return plans
