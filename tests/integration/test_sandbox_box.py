@@ -136,11 +136,11 @@ def test_a_new_driver_loads_after_a_real_reboot(info: dict[str, Any]) -> None:
     # as the driver stage installs them: the roots at name=version under a pin that holds every
     # package of the build at that version (the (= version) dependencies alone do not make apt
     # leave the newer candidate, 580), with Debian's legacy-GPU check answered (the box's GT 710)
-    from gpubox.sandbox import debian_real, repo
+    from gpubox.sandbox import debian_real, repo_build, repo_tools
 
     names = catalog.load()["driver"]["packages"]["debian"]
     pkgs = " ".join(f"{p}={DRIVER}-1" for p in names["common"] + names["proprietary"])
-    pin = repo.driver_pin(repo.all_packages(real=debian_real.ensure()), f"{DRIVER}-1")
+    pin = repo_build.driver_pin(repo_tools.all_packages(real=debian_real.ensure()), f"{DRIVER}-1")
     sandbox.ssh(
         "cat > /etc/apt/preferences.d/90-test-driver && echo 'nvidia-legacy-check "
         "nvidia-driver/check-for-unsupported-gpu boolean false' | debconf-set-selections && "

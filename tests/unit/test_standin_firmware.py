@@ -20,7 +20,7 @@ import pytest
 import test_standin
 
 from gpubox.sandbox import box as sandbox_box
-from gpubox.sandbox import faults, repo, standin
+from gpubox.sandbox import faults, repo_debs, standin
 from gpubox.sandbox.standin import state as st
 
 pytestmark = pytest.mark.skipif(not shutil.which("openssl"), reason="needs the openssl tool")
@@ -323,7 +323,7 @@ def test_stand_in_and_state_hash_the_password_alike():
 
 
 def load_module_script(tmp_path: Path, dkms_name: str = "nvidia-current") -> Any:
-    text = repo._template(
+    text = repo_debs._template(
         "nvidia-module-load",
         package="nvidia-kernel-dkms",
         dkms_name=dkms_name,

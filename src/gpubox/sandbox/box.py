@@ -817,11 +817,11 @@ def load_check_image(info: dict[str, Any] | None = None) -> str:
     (once; quick when it is there): busybox and python3 from the box's own Debian packages,
     enough to run the stand-in nvidia-smi that the stand-in container toolkit mounts. Needs
     Docker installed in the box. Returns the image name (box.json ``check_image``)."""
-    from gpubox.sandbox import repo as standin_repo
+    from gpubox.sandbox import repo_debs
 
     info = info or box_info()
     name = info.get("check_image", CHECK_IMAGE)
-    script = (standin_repo.PACKAGES_DIR / "check-image" / "build-check-image").read_text()
+    script = (repo_debs.PACKAGES_DIR / "check-image" / "build-check-image").read_text()
     result = ssh(["python3", "-", name], check=False, timeout=600, info=info, input=script)
     if result.returncode != 0 or result.stdout.strip().splitlines()[-1:] != [name]:
         raise SandboxError(
@@ -837,12 +837,12 @@ def load_exporter_image(info: dict[str, Any] | None = None) -> str:
     recorded metrics of ``packages/dcgm-exporter``, and the product's own ``exporter_label.py``
     (the Hostname rule, written once). Returns the image name (box.json ``exporter_image``)."""
     from gpubox import exporter_label
-    from gpubox.sandbox import repo as standin_repo
+    from gpubox.sandbox import repo_debs
 
     info = info or box_info()
     name = info.get("exporter_image", EXPORTER_IMAGE)
     check = load_check_image(info)
-    here = standin_repo.PACKAGES_DIR / "dcgm-exporter"
+    here = repo_debs.PACKAGES_DIR / "dcgm-exporter"
     files = {
         "dcgm-exporter": (here / "dcgm-exporter").read_text(),
         "metrics.prom": (here / "metrics.prom").read_text(),
@@ -1257,13 +1257,13 @@ def up(
 
 
 def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
-    from gpubox.sandbox import repo as standin_repo
+    from gpubox.sandbox import repo_build
 
     started = time.monotonic()
     mirror = debian_mirror()
     mirror_host, mirror_port = _host_port(mirror)
     pristine = ensure_rootfs(rebuild=rebuild, progress=progress)
-    repo = standin_repo.ensure_repo(cache_dir() / "repo", rebuild=rebuild, progress=progress)
+    repo = repo_build.ensure_repo(cache_dir() / "repo", rebuild=rebuild, progress=progress)
     served, served_facts = ensure_served_files(progress)
     hub_args, hub_facts = _prepare_hub(sdir, served, progress)
     ccache = cache_dir() / "ccache"
@@ -1301,7 +1301,7 @@ def _up(sdir: Path, rebuild: bool, progress: Progress) -> dict[str, Any]:
         "exporter_image": EXPORTER_IMAGE,
         "processes": {},
     }
-    state.update(standin_repo.repo_facts(repo, REPO_PORT))
+    state.update(repo_build.repo_facts(repo, REPO_PORT))
     state.update(served_facts)
     state.update(hub_facts)
     state.update(ccache_dir=CCACHE_DIR, ccache_host_dir=str(ccache))
