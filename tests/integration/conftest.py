@@ -17,7 +17,7 @@ STATE_PATH = "/var/lib/gpubox-standin/state.json"
 
 def box_sh(command: str, stdin: str | None = None, check: bool = True, box: int = 1) -> str:
     """Run a shell command in the box (box ``box`` of a fleet); return its stdout."""
-    info = sandbox.box_info(sandbox.box.state_dir(box))
+    info = sandbox.box_info(sandbox.state_dir(box))
     proc = sandbox.ssh(command, check=False, input=stdin, info=info)
     if check and proc.returncode != 0:
         raise AssertionError(f"in the box: {command!r} failed ({proc.returncode}): {proc.stderr}")

@@ -27,7 +27,7 @@ import pytest
 
 import gpubox
 from gpubox import catalog, sandbox
-from gpubox.sandbox import box, cli, onepanel
+from gpubox.sandbox import box, cli, onepanel, processes
 
 pytestmark = pytest.mark.integration
 
@@ -50,18 +50,18 @@ def info() -> Iterator[dict[str, Any]]:
     if os.geteuid() != 0:
         pytest.skip("the sandbox needs root (debootstrap, systemd-nspawn, ip netns)")
     box.check_host()  # a missing host package is an error naming it, not a skip
-    if os.path.exists(box.NETNS_PATH) or box._read_state(box.state_dir()):
+    if os.path.exists(sandbox.current().netns_path) or processes.read_state(sandbox.state_dir()):
         sandbox.down()  # start from a known state: this module tests up and down themselves
     started = time.monotonic()
     facts = sandbox.up()
     _timing("up", time.monotonic() - started)
     yield facts
-    if box._read_state(box.state_dir()) is not None:  # a test failed before test_down
+    if processes.read_state(sandbox.state_dir()) is not None:  # a test failed before test_down
         sandbox.down()
 
 
 def test_ssh_reaches_the_box(info: dict[str, Any]) -> None:
-    assert sandbox.ssh("hostname", info=info).stdout.strip() == sandbox.NAME
+    assert sandbox.ssh("hostname", info=info).stdout.strip() == sandbox.current().name
     assert cli.main(["ssh", "--", "exit 3"]) == 3  # the exit status is passed through
 
 
@@ -93,7 +93,7 @@ def test_exec_runs_host_commands_where_the_box_is_127_0_0_1(info: dict[str, Any]
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == sandbox.NAME
+    assert result.stdout.strip() == sandbox.current().name
 
 
 def test_stand_in_repository_and_debian_mirror(info: dict[str, Any]) -> None:
@@ -136,11 +136,11 @@ def test_a_new_driver_loads_after_a_real_reboot(info: dict[str, Any]) -> None:
     # as the driver stage installs them: the roots at name=version under a pin that holds every
     # package of the build at that version (the (= version) dependencies alone do not make apt
     # leave the newer candidate, 580), with Debian's legacy-GPU check answered (the box's GT 710)
-    from gpubox.sandbox import debian_real, repo
+    from gpubox.sandbox import debian_real, repo_build, repo_tools
 
     names = catalog.load()["driver"]["packages"]["debian"]
     pkgs = " ".join(f"{p}={DRIVER}-1" for p in names["common"] + names["proprietary"])
-    pin = repo.driver_pin(repo.all_packages(real=debian_real.ensure()), f"{DRIVER}-1")
+    pin = repo_build.driver_pin(repo_tools.all_packages(real=debian_real.ensure()), f"{DRIVER}-1")
     sandbox.ssh(
         "cat > /etc/apt/preferences.d/90-test-driver && echo 'nvidia-legacy-check "
         "nvidia-driver/check-for-unsupported-gpu boolean false' | debconf-set-selections && "
@@ -152,7 +152,7 @@ def test_a_new_driver_loads_after_a_real_reboot(info: dict[str, Any]) -> None:
     before = sandbox.ssh("nvidia-smi", check=False, info=info)
     assert before.returncode == 9, before.stdout  # installed, not loaded: no driver to talk to
     boot_id = sandbox.ssh("cat /proc/sys/kernel/random/boot_id", info=info).stdout.strip()
-    first_nspawn = box._nspawn_record(Path(info["state_dir"]))
+    first_nspawn = processes.nspawn_record(Path(info["state_dir"]))
 
     started = time.monotonic()
     sandbox.ssh("systemctl reboot", check=False, info=info)  # the connection may drop: 255
@@ -162,8 +162,8 @@ def test_a_new_driver_loads_after_a_real_reboot(info: dict[str, Any]) -> None:
     after = sandbox.ssh("cat /proc/sys/kernel/random/boot_id; nvidia-smi -L", info=info).stdout
     assert after.split()[0] != boot_id
     assert after.count("Tesla V100-SXM2-32GB") == 2
-    assert box._nspawn_record(Path(info["state_dir"])) != first_nspawn  # a new nspawn
-    assert box._alive(info["processes"]["supervisor"])  # under the same supervisor
+    assert processes.nspawn_record(Path(info["state_dir"])) != first_nspawn  # a new nspawn
+    assert processes.alive(info["processes"]["supervisor"])  # under the same supervisor
 
 
 def test_container_toolkit_repository(info: dict[str, Any]) -> None:
@@ -427,21 +427,21 @@ def test_llamacpp_source_and_tiny_model_are_served(info: dict[str, Any]) -> None
 
 def test_down_leaves_nothing_behind(info: dict[str, Any]) -> None:
     records = dict(info["processes"])
-    records["nspawn_now"] = box._nspawn_record(Path(info["state_dir"]))
+    records["nspawn_now"] = processes.nspawn_record(Path(info["state_dir"]))
     rootfs = Path(info["rootfs"])
-    namespace = box.box_pid_namespace(records["nspawn_now"])
-    assert box.processes_in_namespace(namespace)  # the box's processes, seen from the host
+    namespace = processes.box_pid_namespace(records["nspawn_now"])
+    assert processes.processes_in_namespace(namespace)  # the box's processes, seen from the host
 
     started = time.monotonic()
     report = sandbox.down()
     _timing("down", time.monotonic() - started)
 
     assert report["was_up"]
-    assert [name for name, rec in records.items() if box._alive(rec)] == []
+    assert [name for name, rec in records.items() if processes.alive(rec)] == []
     assert report["pid_namespace"] == namespace
-    assert box.processes_in_namespace(namespace) == []
-    assert box.mounts_under(rootfs) == []
-    assert not os.path.exists(box.NETNS_PATH)
+    assert processes.processes_in_namespace(namespace) == []
+    assert processes.mounts_under(rootfs) == []
+    assert not os.path.exists(sandbox.current().netns_path)
     assert not (Path(info["state_dir"]) / "mirror.sock").exists()
     with pytest.raises(sandbox.SandboxNotUp, match="sandbox is not up: run gpubox sandbox up"):
         sandbox.box_info()

@@ -317,7 +317,7 @@ def _debian_build(version: str) -> list[Stanza]:
     )
     exact = ", ".join(
         f"{name} (= {version})"
-        for name in (  # the same guess as the sandbox's stand-in (gpubox/sandbox/repo.py)
+        for name in (  # the same guess as the sandbox's stand-in (gpubox/sandbox/repo_driver.py)
             "nvidia-smi",
             "libcuda1",
             "libnvidia-ml1",

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpubox.sandbox import box, cli
+from gpubox.sandbox import cli, identity, images
 
 
 @pytest.fixture(autouse=True)
 def back_to_box_one():
     yield
-    box.use_box(1)
+    identity.use_box(1)
 
 
 def boxes(*ks: int) -> list[dict[str, object]]:
-    return [{"name": box.box_name(k), "box": k, "check_image": box.CHECK_IMAGE} for k in ks]
+    return [{"name": identity.box_name(k), "box": k, "check_image": images.CHECK_IMAGE} for k in ks]
 
 
 @pytest.fixture
@@ -27,30 +27,30 @@ def loaded(monkeypatch):
     broken: set[str] = set()
 
     def load(info=None):
-        info = info or box.box_info()
+        info = info or images.box_info()
         if info["name"] in broken:
-            raise box.SandboxError(f"could not build the check image {info['check_image']}")
+            raise images.SandboxError(f"could not build the check image {info['check_image']}")
         served.append(str(info["name"]))
         return str(info["check_image"])
 
-    monkeypatch.setattr(box, "load_check_image", load)
+    monkeypatch.setattr(images, "load_check_image", load)
     return served, broken
 
 
 def test_every_box_that_is_up_gets_the_image(monkeypatch, capsys, loaded):
     served, _ = loaded
-    monkeypatch.setattr(box, "box_infos", lambda: boxes(1, 2, 3))
+    monkeypatch.setattr(images, "box_infos", lambda: boxes(1, 2, 3))
     assert cli.main(["image"]) == 0
     assert served == ["gpubox-sandbox", "gpubox-sandbox-2", "gpubox-sandbox-3"]
     captured = capsys.readouterr()
-    assert captured.out == f"{box.CHECK_IMAGE}\n"  # its name, once, as with one box
-    assert f"gpubox-sandbox-3: check image {box.CHECK_IMAGE} loaded" in captured.err
+    assert captured.out == f"{images.CHECK_IMAGE}\n"  # its name, once, as with one box
+    assert f"gpubox-sandbox-3: check image {images.CHECK_IMAGE} loaded" in captured.err
 
 
 def test_a_box_that_fails_is_named_and_the_others_are_served(monkeypatch, capsys, loaded):
     served, broken = loaded
     broken.add("gpubox-sandbox-2")
-    monkeypatch.setattr(box, "box_infos", lambda: boxes(1, 2, 3))
+    monkeypatch.setattr(images, "box_infos", lambda: boxes(1, 2, 3))
     assert cli.main(["image"]) == 1
     assert served == ["gpubox-sandbox", "gpubox-sandbox-3"]
     err = capsys.readouterr().err
@@ -59,14 +59,14 @@ def test_a_box_that_fails_is_named_and_the_others_are_served(monkeypatch, capsys
 
 def test_box_k_alone(monkeypatch, capsys, loaded):
     served, _ = loaded
-    monkeypatch.setattr(box, "box_infos", lambda: pytest.fail("every box was asked"))
-    monkeypatch.setattr(box, "box_info", lambda sdir=None: boxes(box.BOX)[0])
+    monkeypatch.setattr(images, "box_infos", lambda: pytest.fail("every box was asked"))
+    monkeypatch.setattr(images, "box_info", lambda sdir=None: boxes(identity.current().number)[0])
     assert cli.main(["image", "--box", "2"]) == 0
     assert served == ["gpubox-sandbox-2"]
 
 
 def test_no_box_up_is_one_line(monkeypatch, capsys, loaded):
-    monkeypatch.setattr(box, "box_infos", lambda: [])
+    monkeypatch.setattr(images, "box_infos", lambda: [])
     assert cli.main(["image"]) == 1
     assert capsys.readouterr().err == (
         "gpubox sandbox: error: sandbox is not up: run gpubox sandbox up\n"

@@ -1315,10 +1315,10 @@ def test_pm_needs_a_loaded_driver(box: Box):
 def persistenced_script(tmp_path: Path) -> Path:
     """The stand-in nvidia-persistenced as the package installs it, with its run files (and
     its pid directory, /var/run/nvidia-persistenced in the box) under ``tmp_path``."""
-    from gpubox.sandbox import repo
+    from gpubox.sandbox import repo_debs
 
     run = tmp_path / "run"
-    text = repo._template(
+    text = repo_debs._template(
         "nvidia-persistenced",
         version=PIN,
         package_version=f"{PIN}-1",
@@ -1401,11 +1401,13 @@ def real():
 def built(real, tmp_path_factory):
     """The driver packages of both branches, built into an unsigned flat repository."""
     from gpubox import catalog
-    from gpubox.sandbox import repo
+    from gpubox.sandbox import repo_build, repo_driver
 
     cat = catalog.load()
-    debs = [d for b in repo.DRIVER_BRANCHES for d in repo.driver_packages(b, cat, real)]
-    dest = repo.build_packages(debs, tmp_path_factory.mktemp("standin-repo"))
+    debs = [
+        d for b in repo_driver.DRIVER_BRANCHES for d in repo_driver.driver_packages(b, cat, real)
+    ]
+    dest = repo_build.build_packages(debs, tmp_path_factory.mktemp("standin-repo"))
     return {"debs": debs, "repo": dest, "cat": cat}
 
 
@@ -1622,7 +1624,7 @@ def test_the_documented_install_resolves_with_apt(real, built):
     documented install resolves under a pin like the deploy's, from the stand-ins derived
     from Debian's packages and Debian's own support packages; without the pin the newer
     branch's packages win and the exact versions cannot be met."""
-    from gpubox.sandbox import debian_real, repo
+    from gpubox.sandbox import debian_real, repo_build
 
     pv = "570.211.01-1"
     install = [
@@ -1631,7 +1633,7 @@ def test_the_documented_install_resolves_with_apt(real, built):
         f"nvidia-driver-cuda={pv}",
         f"nvidia-kernel-dkms={pv}",
     ]
-    pin = repo.driver_pin(built["debs"], pv)
+    pin = repo_build.driver_pin(built["debs"], pv)
     result = debian_real.simulate(real, [built["repo"]], install, preferences=pin)
     assert result.returncode == 0, result.stdout + result.stderr
     installs = debian_real.simulated_installs(result.stdout)
@@ -1650,7 +1652,7 @@ def test_the_documented_install_resolves_with_apt(real, built):
     ):
         assert debian in installs and installs[debian] != pv
     assert not [n for n, v in installs.items() if v.startswith(("535.", "580."))]
-    assert repo.check_driver_install(real, built["repo"], built["debs"], built["cat"]) == []
+    assert repo_build.check_driver_install(real, built["repo"], built["debs"], built["cat"]) == []
 
     unpinned = debian_real.simulate(real, [built["repo"]], install)
     assert unpinned.returncode != 0
@@ -1658,13 +1660,15 @@ def test_the_documented_install_resolves_with_apt(real, built):
 
 
 def test_standins_doc_lists_every_package(built):
-    from gpubox.sandbox import repo
+    from gpubox.sandbox import repo, repo_tools
 
     doc = (Path(repo.__file__).parent / "STANDINS.md").read_text()
     names = {d.name for d in built["debs"]}
-    names |= {d.name for d in repo.all_toolkit_packages()}
-    names |= {d.name for c in repo.CUDA_STANDINS for d in repo.cuda_packages(c, built["cat"])}
-    names |= {d.name for d in repo.dcgm_packages(built["cat"]["dcgm"]["version"])}
+    names |= {d.name for d in repo_tools.all_toolkit_packages()}
+    names |= {
+        d.name for c in repo_tools.CUDA_STANDINS for d in repo_tools.cuda_packages(c, built["cat"])
+    }
+    names |= {d.name for d in repo_tools.dcgm_packages(built["cat"]["dcgm"]["version"])}
     missing = sorted(n for n in names if f"`{n}`" not in doc)
     assert not missing, f"STANDINS.md does not list {missing}"
 

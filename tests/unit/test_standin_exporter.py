@@ -20,9 +20,9 @@ from gpubox import exporter_label
 from gpubox.checks import dcgm as dcgm_checks
 from gpubox.checks.core import Output, Reading, Recorded
 from gpubox.config import load_host_config
-from gpubox.sandbox import repo
+from gpubox.sandbox import repo_debs
 
-HERE = repo.PACKAGES_DIR / "dcgm-exporter"
+HERE = repo_debs.PACKAGES_DIR / "dcgm-exporter"
 LIB = Path(exporter_label.__file__).parent
 
 

@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 import test_standin
 
-from gpubox.sandbox import box as sandbox_box
-from gpubox.sandbox import faults, repo, standin
+from gpubox.sandbox import faults, repo_debs, standin
 from gpubox.sandbox.standin import state as st
 
 pytestmark = pytest.mark.skipif(not shutil.which("openssl"), reason="needs the openssl tool")
@@ -295,10 +294,10 @@ def test_firmware_runs_before_the_next_boot(tmp_path: Path, certs):
     fw = Firmware(tmp_path, st.set_secure_boot(st.default_state(), True))
     _queued(fw, certs, "pw")
     st.save_state(st.mok_screen(fw.state, "enroll", "pw"), state_file)
-    assert sandbox_box._firmware_at_boot(root) == "enrolled 1 key(s)"
+    assert faults.firmware_at_boot(root) == "enrolled 1 key(s)"
     assert len(st.load_state(state_file)["secure_boot"]["enrolled"]) == 1
-    assert sandbox_box._firmware_at_boot(root) is None  # the next boot: no request
-    assert sandbox_box._firmware_at_boot(tmp_path / "missing") is None
+    assert faults.firmware_at_boot(root) is None  # the next boot: no request
+    assert faults.firmware_at_boot(tmp_path / "missing") is None
 
 
 def test_set_secure_boot_keeps_keys_and_efi_off_removes_them(certs):
@@ -323,7 +322,7 @@ def test_stand_in_and_state_hash_the_password_alike():
 
 
 def load_module_script(tmp_path: Path, dkms_name: str = "nvidia-current") -> Any:
-    text = repo._template(
+    text = repo_debs._template(
         "nvidia-module-load",
         package="nvidia-kernel-dkms",
         dkms_name=dkms_name,
@@ -481,7 +480,7 @@ def test_cli_mok_screen_needs_a_password_file():
     with pytest.raises(SystemExit) as exc:
         cli.main(["mok-screen"])  # --enroll or --timeout
     assert exc.value.code == 2
-    assert "mok-screen" in cli.__doc__ and "secure-boot-enrolled" in sandbox_box.FAULTS
+    assert "mok-screen" in cli.__doc__ and "secure-boot-enrolled" in faults.FAULTS
 
 
 def test_modprobe_follows_debians_install_rules(tmp_path: Path):

@@ -28,7 +28,7 @@ from helpers import serving
 from gpubox import catalog, progress
 from gpubox.plans import checkpoint
 from gpubox.sandbox import hub, pypi
-from gpubox.sandbox.box import cache_dir
+from gpubox.sandbox.common import cache_dir
 from gpubox.stages import model as model_stage
 
 REPO = "someone/Tiny-int4-AutoRound"

@@ -25,7 +25,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from gpubox.sandbox import box, serve
+from gpubox.sandbox import box, box_ssh, faults, identity, images, processes, serve
+from gpubox.sandbox.common import SandboxError
 
 
 def _command(words: Sequence[str]) -> list[str]:
@@ -74,17 +75,15 @@ def _print_facts(info: dict[str, object]) -> None:
 def _status(as_json: bool) -> int:
     """Box 1's status, then every other box that has a state; 0 when box 1 is up."""
     reports = []
-    for k in range(1, box.MAX_BOXES + 1):
-        box.use_box(k)
-        report = box.status()
+    for k in range(1, identity.MAX_BOXES + 1):
+        report = box.status(identity.state_dir(k))
         if k == 1 or "processes" in report:
             reports.append(report)
-    box.use_box(1)
     if as_json:
         print(json.dumps(reports[0] if len(reports) == 1 else {"boxes": reports}, indent=2))
         return 0 if reports[0]["up"] else 1
     for k, report in enumerate(reports, 1):
-        name = report.get("name", box.box_name(k))
+        name = report.get("name", identity.box_name(k))
         if not report["up"]:
             state = "stale (run gpubox sandbox down)" if "processes" in report else "down"
             print(f"sandbox {name}: {state}" if len(reports) > 1 else f"sandbox: {state}")
@@ -105,8 +104,8 @@ def _status(as_json: bool) -> int:
 def _images() -> int:
     """The check image in every box that is up: its name on stdout once, each box's failure
     on stderr (exit 1 when one failed)."""
-    results = box.load_check_images()
-    failed = [(info, r) for info, r in results if isinstance(r, box.SandboxError)]
+    results = images.load_check_images()
+    failed = [(info, r) for info, r in results if isinstance(r, SandboxError)]
     for info, error in failed:
         print(f"gpubox sandbox: error: {info['name']}: {str(error).strip()}", file=sys.stderr)
     for image in dict.fromkeys(r for _, r in results if isinstance(r, str)):
@@ -131,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--boxes",
         type=int,
         default=1,
-        help=f"boot boxes 1 to N (at most {box.MAX_BOXES}); box 1 is the reference box, "
+        help=f"boot boxes 1 to N (at most {identity.MAX_BOXES}); box 1 is the reference box, "
         "box 2 has one Tesla T4 and no NVLink",
     )
     up.add_argument(
@@ -153,9 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fault = sub.add_parser(
         "fault",
         help="plant a stand-in hardware fault in the box, or clear them",
-        description="Faults: " + "; ".join(f"{k}: {v}" for k, v in box.FAULTS.items()),
+        description="Faults: " + "; ".join(f"{k}: {v}" for k, v in faults.FAULTS.items()),
     )
-    fault.add_argument("name", choices=[*box.FAULTS, "clear"])
+    fault.add_argument("name", choices=[*faults.FAULTS, "clear"])
     fault.add_argument("--gpu", type=int, help="the GPU's position in the state (0, 1)")
     fault.add_argument("--link", type=int, help="the NVLink port of that GPU")
     fault.add_argument("--version", help="runfile-driver: the runfile's driver version")
@@ -206,17 +205,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "image" and args.box is None:
             return _images()
         if getattr(args, "box", 1) != 1:
-            box.use_box(args.box)
+            identity.use_box(args.box)
         if args.action == "ssh":
-            info = box.box_info()
+            info = processes.box_info()
             command = _command(args.command)
             tty = not command and sys.stdin.isatty()
-            return subprocess.call(box.ssh_argv(info, command, tty=tty))
+            return subprocess.call(box_ssh.ssh_argv(info, command, tty=tty))
         if args.action == "fault":
             if args.name == "clear":
-                box.clear_faults()
+                faults.clear_faults()
             else:
-                box.plant_fault(args.name, gpu=args.gpu, link=args.link, version=args.version)
+                faults.plant_fault(args.name, gpu=args.gpu, link=args.link, version=args.version)
             return 0
         if args.action == "mok-screen":
             password = None
@@ -225,18 +224,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     parser.error("mok-screen --enroll needs --password-file FILE")
                 with open(args.password_file, encoding="utf-8") as handle:
                     password = handle.readline().rstrip("\n")
-            box.mok_screen("enroll" if args.enroll else "timeout", password)
+            faults.mok_screen("enroll" if args.enroll else "timeout", password)
             return 0
         if args.action == "image":
-            print(box.load_check_image())
+            print(images.load_check_image())
             return 0
         if args.action == "exec":
             command = _command(args.command)
             if not command:
                 parser.error("exec needs a command: gpubox sandbox exec -- CMD ...")
-            box.box_info()
-            os.execvp("ip", box.netns_argv(command))
-    except (box.SandboxError, ValueError, IndexError, OSError) as exc:
+            processes.box_info()
+            os.execvp("ip", identity.netns_argv(command))
+    except (SandboxError, ValueError, IndexError, OSError) as exc:
         print(f"gpubox sandbox: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

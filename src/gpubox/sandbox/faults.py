@@ -1,12 +1,18 @@
-"""The box's firmware and desktop faults (issue 16): Secure Boot, the DKMS signing key
-enrolled, a graphical desktop with a logged-in session, a runfile driver.
+"""The faults a test plants in a running sandbox box, and what takes them back.
+
+Hardware faults (a GPU missing or unbound, an NVLink port down, persistence reading Off) are
+edits of the stand-in GPUs' state file (``plant_fault``; ``clear_faults`` restores the box's
+reference hardware); the MOK screen of the next boot is answered with ``mok_screen`` and
+played by the supervisor before the box boots again (``firmware_at_boot``). The firmware and
+desktop faults (issue 16): Secure Boot, the DKMS signing key enrolled, a graphical desktop
+with a logged-in session, a runfile driver.
 
 What the box cannot have is a stand-in (the firmware's EFI variables and MOK screen, the GT
 710's nouveau, the kernel's signature check: standin/, STANDINS.md); everything else a fault
 plants is real and done in the box over SSH: the DKMS key pair made by the box's openssl with
 Debian's dkms command, systemd's graphical target, a display manager unit, a real logind
-session through PAM. ``box.plant_fault`` and ``box.clear_faults`` call these; this module
-imports nothing of ``box`` (it is handed the box's root filesystem and an SSH runner)."""
+session through PAM. Configuration faults (a stopped service, a removed hold, ...) are planted
+over SSH by the tests themselves: they are the box's."""
 
 from __future__ import annotations
 
@@ -16,7 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpubox.sandbox import standin
+from gpubox.sandbox.box_ssh import ssh
 from gpubox.sandbox.common import SandboxError
+from gpubox.sandbox.processes import box_info
+from gpubox.sandbox.rootfs import in_box, reference_hardware
 from gpubox.sandbox.standin import state as standin_state
 
 # Runs a shell command in the box: (command, stdin) -> the finished process.
@@ -219,3 +229,121 @@ def plant_runfile(root: Path, version: str | None = None) -> list[str]:
         ) from exc
     planted: list[str] = plant(root) if version is None else plant(root, version)
     return planted
+
+
+# --------------------------------------------------------------------------- planting
+
+
+# The faults ``plant_fault`` knows: name -> what it does.
+FAULTS = {
+    "gpu-missing": "GPU --gpu (default 1) falls off the bus: gone from lspci and nvidia-smi",
+    "gpu-unbound": "GPU --gpu (default 1) stays on the bus but the driver does not bind it",
+    "nvlink-down": "NVLink port --link (default 2) of GPU --gpu (default 0) and its peer go down",
+    "persistence-off": "persistence mode reads Off even while nvidia-persistenced keeps it on",
+    "secure-boot": "UEFI Secure Boot on, the DKMS signing key not enrolled (stand-in mokutil)",
+    "secure-boot-enrolled": "Secure Boot on and the box's DKMS key (/var/lib/dkms/mok.pub, "
+    "made as Debian's dkms makes it when missing) enrolled long ago",
+    "desktop": "a graphical desktop: graphical.target, gdm.service (display-manager.service) "
+    "running, user owner logged in to a Wayland session on seat0, nouveau driving the GT 710",
+    "runfile-driver": "what NVIDIA's .run installer leaves: its files and nvidia-uninstall",
+}
+
+
+def hardware_state(info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The box's stand-in hardware state (standin/STATE.md), read from its root filesystem."""
+    info = info or box_info()
+    return standin_state.load_state(in_box(Path(info["rootfs"]), standin.STATE_PATH))
+
+
+def save_hardware_state(new: dict[str, Any], info: dict[str, Any] | None = None) -> None:
+    """Replace the box's stand-in hardware state (atomic; the stand-ins see it at once)."""
+    info = info or box_info()
+    standin_state.save_state(new, in_box(Path(info["rootfs"]), standin.STATE_PATH))
+
+
+def _runner(info: dict[str, Any]) -> Callable[[str, str | None], subprocess.CompletedProcess[str]]:
+    return lambda command, stdin: ssh(command, check=False, timeout=600, info=info, input=stdin)
+
+
+def plant_fault(
+    name: str,
+    gpu: int | None = None,
+    link: int | None = None,
+    info: dict[str, Any] | None = None,
+    version: str | None = None,
+) -> dict[str, Any]:
+    """Plant a fault (one of FAULTS) in the running box; returns the new stand-in state.
+
+    Faults add up; ``clear_faults()`` restores the reference hardware and undoes what the
+    firmware and desktop faults planted in the box. Configuration faults (a stopped service, a
+    removed hold, ...) are planted over SSH instead: they are the box's. ``version``: the
+    runfile driver's version (runfile-driver only)."""
+    info = info or box_info()
+    current = hardware_state(info)
+    if name == "gpu-missing":
+        standin_state.set_gpu_present(current, 1 if gpu is None else gpu, False)
+    elif name == "gpu-unbound":
+        standin_state.set_gpu_driver_bound(current, 1 if gpu is None else gpu, False)
+    elif name == "nvlink-down":
+        standin_state.set_link_active(
+            current, 0 if gpu is None else gpu, 2 if link is None else link, False
+        )
+    elif name == "persistence-off":
+        standin_state.set_persistence_forced_off(current, True)
+    elif name in ("secure-boot", "secure-boot-enrolled"):
+        plant_secure_boot(current, _runner(info), enrolled=name == "secure-boot-enrolled")
+    elif name == "desktop":
+        standin_state.set_display_driver(current, "nouveau")
+        save_hardware_state(current, info)
+        plant_desktop(_runner(info))
+    elif name == "runfile-driver":
+        plant_runfile(Path(info["rootfs"]), version)
+    else:
+        raise SandboxError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+    save_hardware_state(current, info)
+    return current
+
+
+def clear_faults(info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Restore the reference hardware (standin.state.default_state(), without EFI) and undo
+    what the secure-boot-enrolled and desktop faults planted in the box (the runfile-driver
+    fault's files stay: a fresh box has none)."""
+    info = info or box_info()
+    fresh = reference_hardware(info.get("box", 1))
+    save_hardware_state(fresh, info)
+    if Path(info["rootfs"], MARKER_DIR.lstrip("/")).exists():
+        ssh("bash -s", timeout=600, info=info, input=clear_script())
+    return fresh
+
+
+def mok_screen(
+    answer: str, password: str | None = None, info: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What someone at the console does at the box's next boot's MOK screen: "enroll" with
+    the password given to ``mokutil --import`` (pending keys become enrolled when it matches;
+    a wrong one enrolls nothing), or "timeout" (nobody answers: the request is discarded, as
+    MokManager does after about 10 s). It takes effect when the box boots again (a test then
+    runs ``systemctl reboot`` and ``wait_ready(since_boot_id=...)``); a reboot without an
+    answer is a timeout. Returns the new stand-in state."""
+    info = info or box_info()
+    current = hardware_state(info)
+    try:
+        standin_state.mok_screen(current, answer, password)
+    except ValueError as exc:
+        raise SandboxError(str(exc)) from exc
+    save_hardware_state(current, info)
+    return current
+
+
+def firmware_at_boot(rootfs: Path) -> str | None:
+    """What the box's firmware does before the OS boots again: shim's MOK screen (applies the
+    answer ``mok_screen`` prepared, or times out). Run by the supervisor before a reboot."""
+    path = in_box(rootfs, standin.STATE_PATH)
+    try:
+        current = standin_state.load_state(path)
+    except (OSError, ValueError):
+        return None
+    outcome = standin_state.apply_mok_screen(current)
+    if outcome is not None:
+        standin_state.save_state(current, path)
+    return outcome

@@ -5,7 +5,7 @@ The box is a container: it runs the host's kernel (``uname -r`` is the host's, e
 module only for a kernel whose headers are installed (``/lib/modules/<kernel>/build/include``),
 and Debian's dkms postinst only for a kernel that is installed (``/lib/modules/<kernel>``).
 So the box gets a stand-in of both for its running kernel (``install_kernel``, from the box
-setup), laid out like Debian's packages lay them out:
+setup in rootfs.py), laid out like Debian's packages lay them out:
 
 - ``linux-image``: ``/lib/modules/<kernel>/`` (empty ``modules.order``, ``modules.builtin``,
   ``modules.builtin.modinfo``, so that depmod runs quietly) and ``/boot/config-<kernel>``
@@ -21,9 +21,10 @@ setup), laid out like Debian's packages lay them out:
   mok.pub, made on the first build). Its ``.config`` has Debian 12's module signing options
   (CONFIG_MODULE_SIG, sha256).
 
-The stand-in NVIDIA module source (repo.py, STANDINS.md) builds against any such tree without
-compiling. ``box.plant_kernel`` adds a second stand-in kernel to a running box and runs DKMS's
-kernel hooks as the kernel packages' postinst scripts would: the lead's kernel-update test.
+The stand-in NVIDIA module source (repo_driver.py, STANDINS.md) builds against any such tree
+without compiling. ``box.plant_kernel`` adds a second stand-in kernel to a running box and
+runs DKMS's kernel hooks as the kernel packages' postinst scripts would: the lead's
+kernel-update test.
 Nothing here is ever shipped to a real box.
 """
 

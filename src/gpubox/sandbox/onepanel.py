@@ -36,14 +36,12 @@ f1265a4f...61cac and 65,444,909 bytes; this one is a few tens of kilobytes with 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import shutil
-import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpubox.sandbox.tarball import Member, tar_gz
 
 STANDIN_DIR = Path(__file__).parent / "standin" / "1panel"
 VERSION = "v2.3.2"
@@ -151,13 +149,6 @@ GEOIP = (
 )
 
 
-@dataclass(frozen=True)
-class Member:
-    name: str  # relative to the top directory
-    data: bytes
-    mode: int
-
-
 def members(version: str = VERSION) -> list[Member]:
     """The package's files, in archive order."""
 
@@ -183,32 +174,9 @@ def members(version: str = VERSION) -> list[Member]:
 
 
 def tarball(version: str = VERSION, arch: str = ARCH) -> bytes:
-    """The package, reproducibly: fixed mtime, owner root (0/0), gzip without name or time."""
-    top = top_dir(version, arch)
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
-
-        def entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode, info.size = kind, mode, size
-            info.mtime = MTIME
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            return info
-
-        tar.addfile(entry(top + "/", tarfile.DIRTYPE, 0o755))
-        dirs: set[str] = set()
-        for member in members(version):
-            parent = member.name.rpartition("/")[0]
-            if parent and parent not in dirs:
-                dirs.add(parent)
-                tar.addfile(entry(f"{top}/{parent}/", tarfile.DIRTYPE, 0o755))
-            info = entry(f"{top}/{member.name}", tarfile.REGTYPE, member.mode, len(member.data))
-            tar.addfile(info, io.BytesIO(member.data))
-    out = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz:
-        gz.write(raw.getvalue())
-    return out.getvalue()
+    """The package, reproducibly (tarball.py): fixed mtime, owner root (0/0), gzip without name
+    or time."""
+    return tar_gz(top_dir(version, arch), members(version), mtime=MTIME, dir_mode=0o755)
 
 
 def checksums(files: dict[str, bytes]) -> str:
