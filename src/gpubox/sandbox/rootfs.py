@@ -307,6 +307,30 @@ def reference_hardware(k: int) -> dict[str, Any]:
     return standin_state.t4_state() if k == 2 else standin_state.default_state()
 
 
+def _divert_to_standin(root: Path, name: str, source: Path) -> None:
+    """/usr/bin/NAME past a local dpkg diversion (the package's own binary, once installed,
+    lands at NAME.distrib), and the stand-in at /usr/local/sbin/NAME and /usr/bin/NAME."""
+    subprocess.run(
+        [
+            "dpkg-divert",
+            f"--root={root}",
+            "--local",
+            "--rename",
+            "--divert",
+            f"/usr/bin/{name}.distrib",
+            "--add",
+            f"/usr/bin/{name}",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    for path in (f"usr/local/sbin/{name}", f"usr/bin/{name}"):
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+        target.chmod(0o755)
+
+
 def install_hardware(root: Path, box: Box) -> None:
     """The box's stand-in "hardware": the GPU state file, the lspci and mokutil stand-ins (in
     /usr/local/sbin, and in /usr/bin past a local diversion of pciutils' lspci and mokutil's
@@ -316,48 +340,12 @@ def install_hardware(root: Path, box: Box) -> None:
     # /usr/local/sbin: Debian's nvidia-legacy-check preinst runs `lspci -mn` (STANDINS.md). A
     # local dpkg diversion keeps pciutils' own lspci, once installed, at lspci.distrib, so the
     # stand-in answers in /usr/bin too.
-    subprocess.run(
-        [
-            "dpkg-divert",
-            f"--root={root}",
-            "--local",
-            "--rename",
-            "--divert",
-            "/usr/bin/lspci.distrib",
-            "--add",
-            "/usr/bin/lspci",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    for path in ("usr/local/sbin/lspci", "usr/bin/lspci"):
-        lspci = root / path
-        lspci.parent.mkdir(parents=True, exist_ok=True)
-        lspci.write_bytes(standin.LSPCI.read_bytes())
-        lspci.chmod(0o755)
+    _divert_to_standin(root, "lspci", standin.LSPCI)
     # mokutil likewise: Debian's mokutil package, once the product installs it, keeps its
     # binary at mokutil.distrib and the stand-in answers from the firmware state
     # (standin/mokutil; without EFI, as on a box without the fault, it answers as the real
     # one does in a container).
-    subprocess.run(
-        [
-            "dpkg-divert",
-            f"--root={root}",
-            "--local",
-            "--rename",
-            "--divert",
-            "/usr/bin/mokutil.distrib",
-            "--add",
-            "/usr/bin/mokutil",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    for path in ("usr/local/sbin/mokutil", "usr/bin/mokutil"):
-        mokutil = root / path
-        mokutil.parent.mkdir(parents=True, exist_ok=True)
-        mokutil.write_bytes(standin.MOKUTIL.read_bytes())
-        mokutil.chmod(0o755)
+    _divert_to_standin(root, "mokutil", standin.MOKUTIL)
     boot_modules = in_box(root, BOOT_MODULES)
     boot_modules.parent.mkdir(parents=True, exist_ok=True)
     boot_modules.write_bytes(standin.BOOT_MODULES.read_bytes())
