@@ -84,3 +84,30 @@ MODULE_LOADED = Read(_module_loaded, parsers.parse_yes)
 KERNEL_STATE = Read(
     kernels.KERNEL_STATE_COMMAND, _kernel_state, parser_name="kernels.parse_kernel_state"
 )
+
+# Every GPU's state in one nvidia-smi query (the checks' smi_query; the driver stage reads its
+# persistence mode from it): one dict per GPU, the fields by these names
+GPU_QUERY_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "pci.bus_id",
+    "driver_version",
+    "persistence_mode",
+    "memory.used",
+    "memory.total",
+    "temperature.gpu",
+    "power.draw",
+    "power.limit",
+)
+
+
+def _gpu_query(text: str) -> list[dict[str, str | None]]:
+    return parsers.parse_query_gpu(text, list(GPU_QUERY_FIELDS))
+
+
+GPU_QUERY = Read(
+    f"nvidia-smi --query-gpu={','.join(GPU_QUERY_FIELDS)} --format=csv,noheader,nounits",
+    _gpu_query,
+    parser_name="parsers.parse_query_gpu",
+)

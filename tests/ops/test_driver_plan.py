@@ -405,12 +405,22 @@ def test_debians_legacy_gpu_check_is_answered_once_before_the_install(plan_of):
     assert not [n for n in ubuntu.names if "legacy-GPU check" in n]
 
 
+def _gpus(*modes: str) -> dict[str, str]:
+    """The answer of the GPUs' query (gpubox.reads.GPU_QUERY) with these persistence modes."""
+    rows = [
+        f"{i}, Tesla V100-SXM2-32GB, GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd, "
+        f"00000000:0{6 + i}:00.0, 570.211.01, {mode}, 0, 32768, 35, 41.20, 300.00"
+        for i, mode in enumerate(modes)
+    ]
+    return {"--query-gpu=index,name,uuid": "\n".join(rows)}
+
+
 def test_persistence_switched_off_by_hand_is_switched_back_on_the_running_driver(plan_of):
     loaded = {"cat /sys/module/nvidia/version": "570.211.01"}
-    off = fresh_box("ubuntu2404", **loaded, **{"--query-gpu=persistence_mode": "Enabled\nDisabled"})
+    off = fresh_box("ubuntu2404", **loaded, **_gpus("Enabled", "Disabled"))
     plan = plan_of(driver_stage.driver, REFERENCE, off)
     assert plan.op("persistence mode back on") == ["nvidia-smi -pm 1"]
-    on = fresh_box("ubuntu2404", **loaded, **{"--query-gpu=persistence_mode": "Enabled\nEnabled"})
+    on = fresh_box("ubuntu2404", **loaded, **_gpus("Enabled", "Enabled"))
     plan = plan_of(driver_stage.driver, REFERENCE, on)
     assert not [n for n in plan.names if "persistence mode back" in n]
     # no driver loaded yet: the reboot and the unit's ExecStartPost see to it

@@ -86,3 +86,15 @@ def test_a_read_of_the_checks_not_made_for_this_host_is_none():
     fact = Fact.of("x", reads.MOK_STATE, lambda c, t: (t.family,) if t else None)
     assert fact.command_for(CONFIG, None) is None
     assert fact.command_for(CONFIG, TARGET) == reads.MOK_STATE.command_for("debian")
+
+
+def test_the_gpus_query_is_one_read_for_the_checks_and_the_driver_stage():
+    # the driver stage sets persistence back from this read's rows (tests/ops/test_driver_plan)
+    assert FACTS["smi_query"].command_for(CONFIG, TARGET) == reads.GPU_QUERY.command_for()
+    text = (
+        "0, Tesla V100-SXM2-32GB, GPU-1, 00000000:06:00.0, 570.211.01, Disabled, 0, 32768, 35, "
+        "41.20, 300.00"
+    )
+    rows = reads.GPU_QUERY.parse(text)
+    assert rows == FACTS["smi_query"].parse(text)
+    assert rows[0]["persistence_mode"] == "Disabled" and rows[0]["memory.total"] == "32768"

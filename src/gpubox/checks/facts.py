@@ -17,19 +17,7 @@ from gpubox.plans import model
 from gpubox.plans import vllm as vllm_stage
 from gpubox.plans.llamacpp import llama_build
 
-QUERY_FIELDS = [
-    "index",
-    "name",
-    "uuid",
-    "pci.bus_id",
-    "driver_version",
-    "persistence_mode",
-    "memory.used",
-    "memory.total",
-    "temperature.gpu",
-    "power.draw",
-    "power.limit",
-]
+QUERY_FIELDS = list(reads.GPU_QUERY_FIELDS)
 APPS_FIELDS = ["gpu_uuid", "pid", "process_name", "used_memory"]
 SERVICES = [layout.PERSISTENCED, layout.DOCKER, layout.DCGM, *layout.BACKEND_UNITS.values()]
 DPKG_QUERY = "dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n'"
@@ -286,19 +274,10 @@ def _health(config: HostConfig, target: Target | None) -> str | None:
     )
 
 
-def _query(fields: list[str]) -> str:
-    return f"nvidia-smi --query-gpu={','.join(fields)} --format=csv,noheader,nounits"
-
-
 fact(
     Fact.of("os_release", reads.OS_RELEASE),
     Fact("kernel", "uname -r"),
-    Fact(
-        "smi_query",
-        _query(QUERY_FIELDS),
-        lambda s: parsers.parse_query_gpu(s, QUERY_FIELDS),
-        parser_name="parsers.parse_query_gpu",
-    ),
+    Fact.of("smi_query", reads.GPU_QUERY),
     Fact(
         "smi_apps",
         f"nvidia-smi --query-compute-apps={','.join(APPS_FIELDS)} --format=csv,noheader,nounits",

@@ -19,7 +19,9 @@ from gpubox import (
     kernels,
     layout,
     operations,
+    parsers,
     preflight,
+    reads,
     runfile,
     secure_boot,
 )
@@ -54,7 +56,6 @@ LEGACY_CHECK = (
     "awk '/^Name: nvidia-driver\\/check-for-unsupported-gpu$/{f=1} f&&/^Value:/{print $2; exit} "
     "/^$/{f=0}' /var/cache/debconf/config.dat 2>/dev/null || true"
 )
-PERSISTENCE_QUERY = "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader"
 
 
 @deploy("NVIDIA driver")
@@ -176,7 +177,13 @@ def driver() -> None:
         # Persistence switched by hand since (nvidia-smi -pm): set it back on the running
         # driver; after a start or a reboot the drop-in's ExecStartPost does it.
         want = "Enabled" if config.persistence_mode else "Disabled"
-        modes = host.get_fact(CommandOutput, command=PERSISTENCE_QUERY).split()
+        try:  # the checks' own read of the GPUs (gpubox.reads.GPU_QUERY)
+            gpus = reads.GPU_QUERY.parse(
+                host.get_fact(CommandOutput, command=reads.GPU_QUERY.command_for())
+            )
+        except parsers.ParseError:  # nvidia-smi failed: nothing to set back
+            gpus = []
+        modes = [g.get("persistence_mode") for g in gpus]
         if any(m in ("Enabled", "Disabled") and m != want for m in modes):
             server.shell(
                 name=f"GPUs' persistence mode back {mode} (nvidia-smi -pm)",
