@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox import layout
+from gpubox import layout, reads
 
 SECTION = "@@gpubox "
 
@@ -108,7 +108,6 @@ def state_command(config: Any) -> str:
     ctl = layout.PANEL_CTL
     entrance = shlex.quote(layout.PANEL_ENTRANCE)
     names = "|".join(CTL_VARS)
-    units = f"{layout.PANEL_CORE} {layout.PANEL_AGENT}"
     url_line = (
         r"""sed -n -e 's/[\\"]/\\&/g' """
         f"""-e '1s|.*|url = "http://127.0.0.1:{int(config.panel_port)}/&"|p' {entrance}"""
@@ -121,7 +120,7 @@ def state_command(config: Any) -> str:
             f"if grep -qxF 'ORIGINAL_PASSWORD={MASKED}' {ctl}; then echo PASSWORD=masked; "
             f"elif grep -q '^ORIGINAL_PASSWORD=' {ctl}; then echo PASSWORD=clear; fi; fi",
             _section("units"),
-            f"systemctl show -p Id,LoadState,ActiveState,UnitFileState {units}",
+            reads.UNIT_STATES.command_for(layout.PANEL_CORE, layout.PANEL_AGENT),
             _section("info"),
             # the address line's port and path, and the user line: the password line never
             # leaves the box (it shows the password until the first login)
@@ -208,11 +207,7 @@ def _pairs(lines: list[str]) -> dict[str, str]:
 def parse_state(text: str) -> PanelState:
     s = _sections(text)
     ctl = {k: v.strip().strip("'\"") for k, v in _pairs(s.get("ctl", [])).items()}
-    units: dict[str, dict[str, str]] = {}
-    for block in "\n".join(s.get("units", [])).strip().split("\n\n"):
-        props = _pairs(block.splitlines())
-        if props.get("Id"):
-            units[props["Id"].removesuffix(".service")] = props
+    units = reads.UNIT_STATES.parse("\n".join(s.get("units", [])))
     info = _pairs(s.get("info", []))
     port = info.get("port", "")
     version = next((ln.strip() for ln in s.get("version", []) if ln.strip()), None)

@@ -111,3 +111,11 @@ GPU_QUERY = Read(
     _gpu_query,
     parser_name="parsers.parse_query_gpu",
 )
+
+
+def _unit_states(*units: str) -> str:
+    return "systemctl show -p Id,LoadState,ActiveState,UnitFileState " + " ".join(units)
+
+
+# Each named unit's load, active and enablement state (Id without .service -> properties)
+UNIT_STATES = Read(_unit_states, parsers.parse_unit_states)

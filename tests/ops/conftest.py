@@ -268,3 +268,13 @@ def commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 # wrap pyinfra's Host for the rest of the process and keep the fake hosts' fact commands in
 # the user's cache. tests/ops/test_readahead.py turns it on for its own runs.
 os.environ["GPUBOX_READAHEAD"] = "0"
+
+
+def unit_state(unit: str, active: str = "active") -> dict[str, str]:
+    """The answer to gpubox.reads.UNIT_STATES for one unit (the backend's, read at plan time):
+    systemctl show's block, keyed by the end of its command."""
+    return {
+        f"ActiveState,UnitFileState {unit}": (
+            f"Id={unit}.service\nLoadState=loaded\nActiveState={active}\nUnitFileState=enabled"
+        )
+    }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REFERENCE, V100_LSPCI, fresh_box
+from conftest import REFERENCE, V100_LSPCI, fresh_box, unit_state
 
 from gpubox import nccl, offers
 from gpubox.config import load_host_config
@@ -54,7 +54,7 @@ def converged(data: dict[str, object], info: str | None = None) -> dict[object, 
         **{
             "gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"],
             plan_llamacpp.BUILD_INFO: build_of(data).info if info is None else info,
-            "systemctl is-active gpubox-llama-server": "active",
+            **unit_state("gpubox-llama-server"),
             f"test -s {config.api_key_file}": "yes",
         },
     )

@@ -6,7 +6,7 @@ download if needed). A converged box plans none of these."""
 
 from __future__ import annotations
 
-from conftest import REFERENCE, fresh_box
+from conftest import REFERENCE, fresh_box, unit_state
 
 from gpubox import operations
 from gpubox.config import load_host_config
@@ -128,7 +128,7 @@ def llama_answers(info: str | None = None, **extra: object) -> dict[object, obje
             # the model verified as it is now: no download planned
             "gpubox-verified": [f"marker={p.stamp} size=5 mtime=7", "file=size=5 mtime=7"],
             plan_llamacpp.BUILD_INFO: b.info if info is None else info,
-            "systemctl is-active gpubox-llama-server": "active",
+            **unit_state("gpubox-llama-server"),
             f"test -s {config.api_key_file}": "yes",
             **extra,
         },

@@ -11,7 +11,7 @@ import json
 import re
 
 import pytest
-from conftest import REFERENCE, fake_host, fresh_box
+from conftest import REFERENCE, fake_host, fresh_box, unit_state
 from pyinfra.api import OperationError
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
@@ -51,7 +51,7 @@ def converged(data: dict[str, object]) -> dict[object, object]:
         "ubuntu2404",
         **{
             "docker image inspect": "sha256:0123456789abcdef",
-            "systemctl is-active gpubox-vllm": "active",
+            **unit_state("gpubox-vllm"),
             "test -s /etc/gpubox/api-key": "yes",
             "sha256sum <": [f"{UNIT_PATH} 644 {digest}"],
             **CHECKPOINT_COMPLETE,
@@ -216,7 +216,7 @@ def test_the_checks_run_only_when_vllm_will_be_started():
     assert check_conditions(VLLM, first_deploy()) == [True, True]
     assert check_conditions(VLLM, converged(VLLM)) == [False, False]  # a no-op deploy
     stopped = converged(VLLM)
-    stopped["systemctl is-active gpubox-vllm"] = "inactive"
+    stopped.update(unit_state("gpubox-vllm", "inactive"))
     assert check_conditions(VLLM, stopped) == [True, True]
     # another unit (here: another context) means a restart: checked again
     assert check_conditions({**VLLM, "model_ctx": 65536}, converged(VLLM)) == [True, True]

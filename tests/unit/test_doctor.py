@@ -21,8 +21,9 @@ from helpers import bench_level
 
 from gpubox import bench, checks, doctor, layout, parsers, reads
 from gpubox.checks.core import FACTS, Output, Unreachable
-from gpubox.checks.facts import SECTION, SERVICES, parse_systemctl_show
+from gpubox.checks.facts import SECTION, SERVICES
 from gpubox.config import HostConfig, load_host_config, target_for
+from gpubox.parsers import parse_unit_states
 from gpubox.plans import driver as driver_plan
 from gpubox.sandbox import standin
 from gpubox.sandbox.standin import state as st
@@ -783,7 +784,7 @@ def test_json_is_the_same_report(host: StandinHost):
 
 
 def test_systemctl_show_blocks():
-    units = parse_systemctl_show(systemctl_show({"docker": "active", "gpubox-vllm": "missing"}))
+    units = parse_unit_states(systemctl_show({"docker": "active", "gpubox-vllm": "missing"}))
     assert units["docker"]["ActiveState"] == "active"
     assert units["gpubox-llama-server"]["LoadState"] == "loaded"
     assert units["gpubox-vllm"]["LoadState"] == "not-found"

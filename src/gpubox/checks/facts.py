@@ -27,16 +27,6 @@ DAEMON_RELOAD_CONTAINER = "gpubox-check-daemon-reload"
 SECTION = "@@gpubox "  # a line that starts one command's output in a multi-command fact
 
 
-def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
-    """`systemctl show -p Id,... UNIT...`: blank-line separated blocks, one per unit."""
-    units: dict[str, dict[str, str]] = {}
-    for block in text.strip().split("\n\n"):
-        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if props.get("Id"):
-            units[props["Id"].removesuffix(".service")] = props
-    return units
-
-
 def parse_sections(text: str) -> dict[str, str]:
     """A multi-command fact's output: ``@@gpubox NAME`` lines each start one section."""
     sections: dict[str, str] = {}
@@ -297,11 +287,7 @@ fact(
     Fact("policy", _policy, parsers.parse_apt_policy),
     Fact("pins", _pins, parse_sections),
     Fact("unattended", "apt-config dump Unattended-Upgrade::Package-Blacklist"),
-    Fact(
-        "services",
-        "systemctl show -p Id,LoadState,ActiveState,UnitFileState " + " ".join(SERVICES),
-        parse_systemctl_show,
-    ),
+    Fact.of("services", reads.UNIT_STATES, lambda c, t: tuple(SERVICES)),
     Fact("nvcc", "bash -lc 'command -v nvcc && nvcc --version'", parsers.parse_nvcc_version),
     Fact("cuda_link", f"readlink -e {layout.USR_LOCAL_CUDA}", ok=(0, 1)),
     Fact(

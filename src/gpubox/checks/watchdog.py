@@ -8,15 +8,16 @@ from typing import Any
 
 from gpubox import layout
 from gpubox.checks.core import Check, Fact, Finding, Reading, fact
-from gpubox.checks.facts import SECTION, parse_sections, parse_systemctl_show
+from gpubox.checks.facts import SECTION, parse_sections
 from gpubox.config import HostConfig
+from gpubox.parsers import parse_unit_states
 
 
 def parse_watchdog(text: str) -> dict[str, Any]:
     """The timer's properties (``timer``) and the state file (``state``: None when there is
     none, {"error": ...} when it does not parse)."""
     sections = parse_sections(text)
-    timer = parse_systemctl_show(sections.get("timer", "")).get(layout.WATCHDOG_TIMER, {})
+    timer = parse_unit_states(sections.get("timer", "")).get(layout.WATCHDOG_TIMER, {})
     raw = sections.get("state", "").strip()
     state: dict[str, Any] | None = None
     if raw:

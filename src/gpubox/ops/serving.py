@@ -11,6 +11,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.operations import server, systemd
 
+from gpubox import reads
 from gpubox.config import HostConfig
 from gpubox.host_facts import CommandOutput
 from gpubox.ops import units
@@ -82,7 +83,8 @@ def stop_other(unit: str) -> None:
 
 def is_running(unit: str) -> bool:
     """Whether ``unit`` is active now (a fact, read at plan time)."""
-    return host.get_fact(CommandOutput, command=f"systemctl is-active {unit}").strip() == "active"
+    out = host.get_fact(CommandOutput, command=reads.UNIT_STATES.command_for(unit))
+    return reads.UNIT_STATES.parse(out).get(unit, {}).get("ActiveState") == "active"
 
 
 def start(

@@ -92,6 +92,7 @@ from gpubox.parsers.systemd import (
     parse_login_session,
     parse_properties,
     parse_unit_state,
+    parse_unit_states,
 )
 
 __all__ = [
@@ -150,6 +151,7 @@ __all__ = [
     "parse_stanzas",
     "parse_topo_matrix",
     "parse_unit_state",
+    "parse_unit_states",
     "parse_user_groups",
     "parse_yes",
 ]

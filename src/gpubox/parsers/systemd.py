@@ -121,3 +121,15 @@ def parse_login_session(text: str) -> LoginSession:
         state=values.get("State", ""),
         remote=values.get("Remote", "no") == "yes",
     )
+
+
+def parse_unit_states(text: str) -> dict[str, dict[str, str]]:
+    """`systemctl show -p Id,LoadState,ActiveState,UnitFileState UNIT...`: one block of
+    KEY=value lines per unit, blocks apart by a blank line; keyed by the Id without
+    ``.service``. A block without an Id (a unit systemd printed nothing for) is left out."""
+    units: dict[str, dict[str, str]] = {}
+    for block in text.strip().split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if props.get("Id"):
+            units[props["Id"].removesuffix(".service")] = props
+    return units
