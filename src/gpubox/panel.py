@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox import layout, reads
-
-SECTION = "@@gpubox "
+from gpubox.parsers import parse_sections
+from gpubox.reads import section
 
 # `dpkg --print-architecture` -> 1Panel's name for it in its package file names (amd64, arm64,
 # armv7, ppc64le, s390x, riscv64: the release's tarballs, 1Panel's .goreleaser.yaml).
@@ -94,10 +94,6 @@ def arch_problem(config: Any, dpkg_arch: str) -> str | None:
 # --------------------------------------------------------------------------- the box's state
 
 
-def _section(name: str) -> str:
-    return f"echo {shlex.quote(SECTION + name)}"
-
-
 def state_command(config: Any) -> str:
     """The panel as the box has it: 1pctl's variables (the password only as masked, clear or
     absent), the units, `1pctl user-info` filtered on the box (port, user, and whether the
@@ -115,13 +111,13 @@ def state_command(config: Any) -> str:
     page = "/tmp/gpubox-panel-page.$$"
     return "; ".join(
         [
-            _section("ctl"),
+            section("ctl"),
             f"if [ -f {ctl} ]; then grep -E '^({names})=' {ctl}",
             f"if grep -qxF 'ORIGINAL_PASSWORD={MASKED}' {ctl}; then echo PASSWORD=masked; "
             f"elif grep -q '^ORIGINAL_PASSWORD=' {ctl}; then echo PASSWORD=clear; fi; fi",
-            _section("units"),
+            section("units"),
             reads.UNIT_STATES.command_for(layout.PANEL_CORE, layout.PANEL_AGENT),
-            _section("info"),
+            section("info"),
             # the address line's port and path, and the user line: the password line never
             # leaves the box (it shows the password until the first login)
             f"if [ -x {ctl} ]; then a=$({ctl} user-info 2>/dev/null | tr -d '\\r' | "
@@ -136,14 +132,14 @@ def state_command(config: Any) -> str:
             'elif [ "$p" = "$a" ] || [ -z "$p" ]; then echo entrance=none; '
             'elif [ -n "$e" ] && [ "$p" = "$e" ]; then echo entrance=same; '
             "else echo entrance=differs; fi; fi",
-            _section("version"),
+            section("version"),
             f"if [ -x {ctl} ]; then {ctl} version 2>/dev/null | tr -d '\\r' | "
             "sed -n 's/.*version: *\\(v[^ ]*\\).*/\\1/p' | head -n1; fi",
-            _section("socket"),
+            section("socket"),
             f"if [ -S {layout.PANEL_AGENT_SOCKET} ]; then echo yes; else echo no; fi",
-            _section("entrance_file"),
+            section("entrance_file"),
             f"sha256sum {entrance} 2>/dev/null | cut -d' ' -f1",
-            _section("page"),
+            section("page"),
             f"if [ -s {entrance} ] && command -v curl >/dev/null; then "
             f"s=$({url_line} | curl -s --max-time 10 -o {page} -w '%{{http_code}}' --config - "
             "|| true); "
@@ -189,15 +185,7 @@ class PanelState:
 
 
 def _sections(text: str) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    name = ""
-    for line in text.splitlines():
-        if line.startswith(SECTION):
-            name = line[len(SECTION) :].strip()
-            found[name] = []
-        elif name:
-            found[name].append(line.rstrip())
-    return found
+    return {k: [ln.rstrip() for ln in v.splitlines()] for k, v in parse_sections(text).items()}
 
 
 def _pairs(lines: list[str]) -> dict[str, str]:

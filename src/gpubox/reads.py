@@ -9,6 +9,7 @@ command fails the host)."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -32,6 +33,12 @@ class Read(Generic[T]):
     def command_for(self, *args: Any) -> str:
         """The command for these arguments (none for a read without any)."""
         return self.command if isinstance(self.command, str) else self.command(*args)
+
+
+def section(name: str) -> str:
+    """The command that starts section ``name`` of a multi-command read (its output is read
+    back with parsers.parse_sections)."""
+    return f"echo {shlex.quote(parsers.SECTION + name)}"
 
 
 def _module_loaded(module: str) -> str:

@@ -15,7 +15,7 @@ import pytest
 from conftest import REFERENCE, fresh_box
 from test_model_download_plan import uploads
 
-from gpubox import deploying, layout
+from gpubox import deploying, layout, parsers
 from gpubox import panel as rules
 from gpubox.errors import DeployRefused
 from gpubox.stages import container_toolkit, panel
@@ -27,7 +27,7 @@ TARBALL = "/var/cache/gpubox/panel/1panel-v2.3.2-linux-amd64.tar.gz"
 
 
 def section(name: str, text: str) -> str:
-    return f"{rules.SECTION}{name}\n{text}"
+    return f"{parsers.SECTION}{name}\n{text}"
 
 
 def installed(version: str = "v2.3.2", port: int = 10100, user: str = "gpubox") -> str:

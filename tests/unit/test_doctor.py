@@ -21,9 +21,9 @@ from helpers import bench_level
 
 from gpubox import bench, checks, doctor, layout, parsers, reads
 from gpubox.checks.core import FACTS, Output, Unreachable
-from gpubox.checks.facts import SECTION, SERVICES
+from gpubox.checks.facts import SERVICES
 from gpubox.config import HostConfig, load_host_config, target_for
-from gpubox.parsers import parse_unit_states
+from gpubox.parsers import SECTION, parse_unit_states
 from gpubox.plans import driver as driver_plan
 from gpubox.sandbox import standin
 from gpubox.sandbox.standin import state as st

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from helpers import REFERENCE
 
-from gpubox import panel
+from gpubox import panel, parsers
 from gpubox.cli import main
 from gpubox.config import load_host_config, validate
 from gpubox.config.validation import HOSTENGINE_PORT
@@ -140,7 +140,7 @@ def state_text(**over: str) -> str:
         "page": "status=200\nmark=0\nmark=1\nmark=2\n",
         **over,
     }
-    return "".join(f"{panel.SECTION}{k}\n{v}" for k, v in parts.items())
+    return "".join(f"{parsers.SECTION}{k}\n{v}" for k, v in parts.items())
 
 
 FRESH = panel.parse_state(

@@ -13,9 +13,11 @@ from typing import Any
 from gpubox import answer_sanity, layout, openai_shape, panel, parsers, reads, vllm_rules
 from gpubox.checks.core import Fact, fact
 from gpubox.config import HostConfig, Target
+from gpubox.parsers import parse_sections
 from gpubox.plans import model
 from gpubox.plans import vllm as vllm_stage
 from gpubox.plans.llamacpp import llama_build
+from gpubox.reads import section
 
 QUERY_FIELDS = list(reads.GPU_QUERY_FIELDS)
 APPS_FIELDS = ["gpu_uuid", "pid", "process_name", "used_memory"]
@@ -24,20 +26,6 @@ DPKG_QUERY = "dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n
 PINS = (layout.DRIVER_PIN, layout.TOOLKIT_PIN, layout.DCGM_PIN)
 NVLINK_FIELDS = "449,1011,1012"
 DAEMON_RELOAD_CONTAINER = "gpubox-check-daemon-reload"
-SECTION = "@@gpubox "  # a line that starts one command's output in a multi-command fact
-
-
-def parse_sections(text: str) -> dict[str, str]:
-    """A multi-command fact's output: ``@@gpubox NAME`` lines each start one section."""
-    sections: dict[str, str] = {}
-    name = ""
-    for line in text.splitlines(keepends=True):
-        if line.startswith(SECTION):
-            name = line[len(SECTION) :].strip()
-            sections[name] = ""
-        elif name:
-            sections[name] += line
-    return sections
 
 
 def first_word(text: str) -> str:
@@ -49,10 +37,6 @@ def parse_inspect(text: str) -> dict[str, Any]:
     """`docker inspect NAME`: the one container's record."""
     (record,) = json.loads(text)
     return dict(record)
-
-
-def section(name: str) -> str:
-    return f"echo {shlex.quote(SECTION + name)}"
 
 
 def api_base(config: HostConfig) -> str:

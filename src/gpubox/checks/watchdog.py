@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpubox import layout
+from gpubox import layout, reads
 from gpubox.checks.core import Check, Fact, Finding, Reading, fact
-from gpubox.checks.facts import SECTION, parse_sections
 from gpubox.config import HostConfig
-from gpubox.parsers import parse_unit_states
+from gpubox.parsers import parse_sections, parse_unit_states
+from gpubox.reads import section
 
 
 def parse_watchdog(text: str) -> dict[str, Any]:
@@ -30,9 +30,8 @@ def parse_watchdog(text: str) -> dict[str, Any]:
 
 def _watchdog(config: HostConfig, target: Any) -> str:
     return (
-        f"echo '{SECTION}timer'; systemctl show -p Id,LoadState,ActiveState,UnitFileState "
-        f"{layout.WATCHDOG_TIMER}; echo '{SECTION}state'; cat {layout.WATCHDOG_STATE} "
-        "2>/dev/null; true"
+        f"{section('timer')}; {reads.UNIT_STATES.command_for(layout.WATCHDOG_TIMER)}; "
+        f"{section('state')}; cat {layout.WATCHDOG_STATE} 2>/dev/null; true"
     )
 
 

@@ -11,6 +11,7 @@
 - ``gpu_burn``: gpu-burn (a burn and `gpu_burn -l`);
 - ``dcgm``: DCGM's dcgmi (discovery -l, dmon, diag -j, and the errors it prints when it cannot
   do its work);
+- ``sections``: gpubox's own multi-command outputs (``@@gpubox NAME`` lines start each);
 - ``_common``: ParseError and the helpers the modules share.
 
 Every public name is re-exported here, so callers write ``parsers.parse_lspci(...)``.
@@ -67,6 +68,7 @@ from gpubox.parsers.nvidia_smi import (
     parse_smi_table,
     parse_topo_matrix,
 )
+from gpubox.parsers.sections import SECTION, parse_sections
 from gpubox.parsers.secure_boot import (
     MokState,
     parse_mok_state,
@@ -96,6 +98,8 @@ from gpubox.parsers.systemd import (
 )
 
 __all__ = [
+    "SECTION",
+    "parse_sections",
     "MokState",
     "parse_mok_state",
     "parse_test_key",
