@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpubox import bench, layout
-from gpubox.bench import llamabench, llamabench_host, llamabench_results
+from gpubox.bench import health, llamabench, llamabench_host, llamabench_results
 from gpubox.checks import Output
 from gpubox.config import load_host_config
 from gpubox.layout import BACKEND_UNITS
@@ -384,7 +384,7 @@ class FakeBox:
         if command == llamabench_host.cleanup_command():
             self.log.append("cleanup")
             return Output(0, "")
-        if command == llamabench_host.health_command(PLAN):
+        if command == health.health_command(PLAN):
             self.log.append("health")
             return Output(0, self.health.pop(0) if len(self.health) > 1 else self.health[0])
         for mode in llamabench.SPLIT_MODES:

@@ -9,11 +9,12 @@ import contextlib
 import shlex
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox import layout
+from gpubox.bench.health import Clock, Say, Sleep, wait_healthy
 from gpubox.bench.llamabench_results import (
     N_GEN,
     N_PROMPT,
@@ -29,11 +30,6 @@ from gpubox.bench.llamabench_results import (
 from gpubox.checks import Runner
 
 ERROR_TAIL = 4000  # bytes of llama-bench's stderr brought back
-HEALTH_POLL = 2.0
-PROGRESS_EVERY = 15.0
-Say = Callable[[str], None]
-Sleep = Callable[[float], None]
-Clock = Callable[[], float]
 
 
 @dataclass
@@ -122,14 +118,6 @@ def preflight_command(plan: Plan) -> str:
     )
 
 
-def health_command(plan: Plan) -> str:
-    return (
-        "curl -s -o /dev/null --max-time 5 -w '%{http_code}' "
-        + shlex.quote(plan.health_url)
-        + " || true"
-    )
-
-
 @contextlib.contextmanager
 def _deferred_interrupt(say: Say) -> Iterator[list[bool]]:
     """Ctrl-C waits until the block ends (the server's restart is not cut short); the list
@@ -175,22 +163,8 @@ def restore(
             return f"systemctl start {unit} failed: {out.first_error_line()}"
         if pressed[0]:
             return f"{unit} started, /health not awaited (interrupted)"
-        start = last = clock()
-        while True:
-            code = run(health_command(plan)).stdout.strip()
-            if code == "200":
-                say(f"{plan.name}: {unit} healthy again after {clock() - start:.0f} s")
-                return None
-            now = clock()
-            if now - start >= plan.health_timeout:
-                return (
-                    f"{unit} did not answer /health within {plan.health_timeout} s "
-                    f"(health_timeout): journalctl -u {unit} -n 50"
-                )
-            if now - last >= PROGRESS_EVERY:
-                say(f"{plan.name}: waiting for {unit} (/health {code or 'no answer'})")
-                last = now
-            sleep(HEALTH_POLL)
+        why = wait_healthy(run, plan, unit, say, sleep, clock, again=True)
+        return None if why is None else f"{why}: journalctl -u {unit} -n 50"
     except KeyboardInterrupt:
         return f"{unit} started, /health not awaited (interrupted)"
     except Exception as exc:  # the connection, most likely

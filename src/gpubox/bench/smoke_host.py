@@ -6,7 +6,6 @@ Ctrl-C). If the connection is lost for good, the unit stays stopped: start it wi
 
 from __future__ import annotations
 
-import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -14,18 +13,14 @@ from dataclasses import dataclass, field
 
 from gpubox import answer_sanity
 from gpubox.bench.client import Endpoint, stream_request
+from gpubox.bench.health import Clock, Say, Sleep, health_command, wait_healthy
 from gpubox.bench.metrics import tpot
 from gpubox.bench.smoke import CONTAINER, ENV_FILE, MAX_TOKENS, Plan, Row
 from gpubox.checks import Runner
 from gpubox.openai_shape import Answer
 
-HEALTH_POLL = 2.0
-PROGRESS_EVERY = 15.0
 WARM_UP_TOKENS = 16
 LOG_TAIL = 20  # lines of a failed container's log brought back
-Say = Callable[[str], None]
-Sleep = Callable[[float], None]
-Clock = Callable[[], float]
 Measure = Callable[[Row], None]
 
 
@@ -76,14 +71,6 @@ def measure(endpoint: Endpoint, row: Row, max_tokens: int = MAX_TOKENS) -> None:
     row.server_tps = statistics.fmean(server) if server else None
 
 
-def health_command(plan: Plan) -> str:
-    return (
-        "curl -s -o /dev/null --max-time 5 -w '%{http_code}' "
-        + shlex.quote(plan.health_url)
-        + " || true"
-    )
-
-
 def state_command() -> str:
     """The smoke container's state ("running", "exited 1"), "gone" when there is none."""
     return (
@@ -96,40 +83,18 @@ def remove_command() -> str:
     return f"docker rm -f {CONTAINER} >/dev/null 2>&1; rm -f {ENV_FILE}; true"
 
 
-def wait_healthy(
-    run: Runner,
-    plan: Plan,
-    what: str,
-    say: Say,
-    sleep: Sleep,
-    clock: Clock,
-    container: bool = False,
-) -> str | None:
-    """Wait for /health (a progress line every PROGRESS_EVERY s); None, or why it never came:
-    health_timeout passed, or (``container``) the smoke container stopped, with its log's
-    last lines."""
-    start = last = clock()
-    while True:
-        code = run(health_command(plan)).stdout.strip()
-        if code == "200":
-            say(f"{plan.name}: {what} healthy after {clock() - start:.0f} s")
+def _container_gone(run: Runner) -> Callable[[], str | None]:
+    """Why the smoke container will never answer: it stopped (with its log's last lines)."""
+
+    def gone() -> str | None:
+        state = run(state_command()).stdout.strip()
+        if state.startswith("running"):
             return None
-        if container:
-            state = run(state_command()).stdout.strip()
-            if not state.startswith("running"):
-                log = run(f"docker logs --tail {LOG_TAIL} {CONTAINER} 2>&1").stdout.strip()
-                tail = " | ".join(log.splitlines()[-3:]) or "no log"
-                return f"the container stopped ({state}) before /health answered: {tail}"
-        now = clock()
-        if now - start >= plan.health_timeout:
-            return f"{what} did not answer /health within {plan.health_timeout} s (health_timeout)"
-        if now - last >= PROGRESS_EVERY:
-            say(
-                f"{plan.name}: waiting for {what} (/health {code or 'no answer'}, "
-                f"{now - start:.0f} s)"
-            )
-            last = now
-        sleep(HEALTH_POLL)
+        log = run(f"docker logs --tail {LOG_TAIL} {CONTAINER} 2>&1").stdout.strip()
+        tail = " | ".join(log.splitlines()[-3:]) or "no log"
+        return f"the container stopped ({state}) before /health answered: {tail}"
+
+    return gone
 
 
 def restore(
@@ -205,7 +170,9 @@ def smoke_host(
             if out.rc != 0:
                 row.error = f"docker run failed: {out.first_error_line()}"
             else:
-                row.error = wait_healthy(run, plan, CONTAINER, say, sleep, clock, container=True)
+                row.error = wait_healthy(
+                    run, plan, CONTAINER, say, sleep, clock, gone=_container_gone(run)
+                )
             if row.error is None:
                 measure_row(row)
             run(remove_command())
