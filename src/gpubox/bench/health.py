@@ -1,12 +1,14 @@
-"""Waiting on the box for a backend's /health, for the bench's runs that stop and start it
-(llama-bench beside the served figures, the smoke's configurations): the command that asks,
-and the wait with a progress line every PROGRESS_EVERY s."""
+"""A backend's unit stopped by the bench and started again (llama-bench beside the served
+figures, the smoke's configurations): the /health command, the wait with a progress line
+every PROGRESS_EVERY s, and the restore that a Ctrl-C cannot cut short."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
-from collections.abc import Callable
-from typing import Protocol
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from gpubox.checks import Runner
 
@@ -68,3 +70,57 @@ def wait_healthy(
             )
             last = now
         sleep(HEALTH_POLL)
+
+
+@contextlib.contextmanager
+def deferred_interrupt(say: Say, unit: str) -> Iterator[list[bool]]:
+    """Ctrl-C waits until the block ends (the unit's restart is not cut short); the list
+    says whether one came."""
+    pressed = [False]
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+
+        def handler(signum: int, frame: Any) -> None:
+            pressed[0] = True
+            say(f"starting {unit} again first; it will not be left stopped")
+
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: nothing to defer
+        yield pressed
+        return
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def restore_unit(
+    run: Runner,
+    plan: Waited,
+    unit: str,
+    cleanup: str,
+    was_running: bool,
+    say: Say,
+    sleep: Sleep,
+    clock: Clock,
+) -> str | None:
+    """Run ``cleanup`` (what the bench left on the box), start ``unit`` again when it was
+    running before, and wait for its /health; None, or why it is not back."""
+    try:
+        with deferred_interrupt(say, unit) as pressed:
+            run(cleanup)
+            if not was_running:
+                say(f"{plan.name}: {unit} was not running before; it is left stopped")
+                return None
+            say(f"{plan.name}: starting {unit} again")
+            out = run(f"systemctl start {unit}")
+        if out.rc != 0:
+            return f"systemctl start {unit} failed: {out.first_error_line()}"
+        if pressed[0]:
+            return f"{unit} started, /health not awaited (interrupted)"
+        why = wait_healthy(run, plan, unit, say, sleep, clock, again=True)
+        return None if why is None else f"{why}: journalctl -u {unit} -n 50"
+    except KeyboardInterrupt:
+        return f"{unit} started, /health not awaited (interrupted)"
+    except Exception as exc:  # the connection, most likely
+        return f"{type(exc).__name__}: {exc}"

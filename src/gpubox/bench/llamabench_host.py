@@ -5,16 +5,13 @@ mode and starts the server again however the run ends."""
 
 from __future__ import annotations
 
-import contextlib
 import shlex
-import signal
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox import layout
-from gpubox.bench.health import Clock, Say, Sleep, wait_healthy
+from gpubox.bench.health import Clock, Say, Sleep, restore_unit
 from gpubox.bench.llamabench_results import (
     N_GEN,
     N_PROMPT,
@@ -118,28 +115,6 @@ def preflight_command(plan: Plan) -> str:
     )
 
 
-@contextlib.contextmanager
-def _deferred_interrupt(say: Say) -> Iterator[list[bool]]:
-    """Ctrl-C waits until the block ends (the server's restart is not cut short); the list
-    says whether one came."""
-    pressed = [False]
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-
-        def handler(signum: int, frame: Any) -> None:
-            pressed[0] = True
-            say(f"starting {layout.LLAMA_SERVER} again first; it will not be left stopped")
-
-        signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread: nothing to defer
-        yield pressed
-        return
-    try:
-        yield pressed
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def restore(
     run: Runner,
     plan: Plan,
@@ -150,25 +125,9 @@ def restore(
 ) -> str | None:
     """End any llama-bench run left on the box, start the server again (when it was running
     before) and wait for its /health; None, or why the server is not back."""
-    unit = layout.LLAMA_SERVER
-    try:
-        with _deferred_interrupt(say) as pressed:
-            run(cleanup_command())
-            if not was_running:
-                say(f"{plan.name}: {unit} was not running before; it is left stopped")
-                return None
-            say(f"{plan.name}: starting {unit} again")
-            out = run(f"systemctl start {unit}")
-        if out.rc != 0:
-            return f"systemctl start {unit} failed: {out.first_error_line()}"
-        if pressed[0]:
-            return f"{unit} started, /health not awaited (interrupted)"
-        why = wait_healthy(run, plan, unit, say, sleep, clock, again=True)
-        return None if why is None else f"{why}: journalctl -u {unit} -n 50"
-    except KeyboardInterrupt:
-        return f"{unit} started, /health not awaited (interrupted)"
-    except Exception as exc:  # the connection, most likely
-        return f"{type(exc).__name__}: {exc}"
+    return restore_unit(
+        run, plan, layout.LLAMA_SERVER, cleanup_command(), was_running, say, sleep, clock
+    )
 
 
 def run_mode(run: Runner, plan: Plan, mode: str, say: Say) -> ModeResult:

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 
 from gpubox import answer_sanity
 from gpubox.bench.client import Endpoint, stream_request
-from gpubox.bench.health import Clock, Say, Sleep, health_command, wait_healthy
+from gpubox.bench.health import (
+    Clock,
+    Say,
+    Sleep,
+    health_command,
+    restore_unit,
+    wait_healthy,
+)
 from gpubox.bench.metrics import tpot
 from gpubox.bench.smoke import CONTAINER, ENV_FILE, MAX_TOKENS, Plan, Row
 from gpubox.checks import Runner
@@ -102,21 +109,7 @@ def restore(
 ) -> str | None:
     """Remove the smoke container, start the deployed unit again when it was running, wait for
     its /health; None, or why it is not back."""
-    try:
-        run(remove_command())
-        if not was_running:
-            say(f"{plan.name}: {plan.unit} was not running before; it is left stopped")
-            return None
-        say(f"{plan.name}: starting {plan.unit} again")
-        out = run(f"systemctl start {plan.unit}")
-        if out.rc != 0:
-            return f"systemctl start {plan.unit} failed: {out.first_error_line()}"
-        why = wait_healthy(run, plan, plan.unit, say, sleep, clock)
-        return None if why is None else f"{why}: journalctl -u {plan.unit} -n 50"
-    except KeyboardInterrupt:
-        return f"{plan.unit} started, /health not awaited (interrupted)"
-    except Exception as exc:  # the connection, most likely
-        return f"{type(exc).__name__}: {exc}"
+    return restore_unit(run, plan, plan.unit, remove_command(), was_running, say, sleep, clock)
 
 
 def smoke_host(
