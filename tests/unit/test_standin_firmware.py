@@ -457,18 +457,13 @@ def test_secure_boot_faults_set_the_firmware(certs):
 
 
 def test_runfile_fault_calls_the_runfile_stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path):
-    import types
-
-    monkeypatch.delitem(sys.modules, "gpubox.sandbox.runfile_standin", raising=False)
     seen: list[tuple[Path, str]] = []
-    fake = types.ModuleType("gpubox.sandbox.runfile_standin")
 
     def plant(root: Path, version: str = "580.95.05") -> list[str]:
         seen.append((root, version))
         return ["/usr/bin/nvidia-uninstall"]
 
-    fake.plant = plant  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gpubox.sandbox.runfile_standin", fake)
+    monkeypatch.setattr(faults.runfile_standin, "plant", plant)
     assert faults.plant_runfile(tmp_path) == ["/usr/bin/nvidia-uninstall"]
     faults.plant_runfile(tmp_path, "575.64")
     assert seen == [(tmp_path, "580.95.05"), (tmp_path, "575.64")]

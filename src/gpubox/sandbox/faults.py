@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpubox.sandbox import standin
+from gpubox.sandbox import runfile_standin, standin
 from gpubox.sandbox.box_ssh import ssh
 from gpubox.sandbox.common import SandboxError
 from gpubox.sandbox.processes import box_info
@@ -218,17 +218,9 @@ rm -rf /sys/module/nouveau
 
 
 def plant_runfile(root: Path, version: str | None = None) -> list[str]:
-    """NVIDIA's .run installer's leftovers (gpubox.sandbox.runfile_standin, another part of
-    issue 16); the paths planted."""
-    try:
-        from gpubox.sandbox.runfile_standin import plant
-    except ImportError as exc:
-        raise SandboxError(
-            "the runfile-driver fault needs gpubox.sandbox.runfile_standin, which this tree "
-            "does not have yet"
-        ) from exc
-    planted: list[str] = plant(root) if version is None else plant(root, version)
-    return planted
+    """NVIDIA's .run installer's leftovers (gpubox.sandbox.runfile_standin); the paths
+    planted."""
+    return runfile_standin.plant(root) if version is None else runfile_standin.plant(root, version)
 
 
 # --------------------------------------------------------------------------- planting
