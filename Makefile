@@ -64,7 +64,7 @@ test: lint ops resolver venv host-packages
 	[ $$unit_rc -eq 0 ] && [ $$integration -eq 0 ]
 
 demo: venv host-packages
-	$(PY) -m gpubox.demo
+	$(PY) -m gpubox.commands.demo
 
 demo-down: venv
 	$(BIN)/gpubox sandbox down

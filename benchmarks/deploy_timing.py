@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpubox import demo
+from gpubox.commands import demo
 
 HERE = Path(__file__).resolve().parent
 
@@ -137,7 +137,7 @@ def main() -> int:
     unchecked, _ = profiled_deploy(
         out / f"profile_noop_unchecked{suffix}.json", ("--data", "verify_after_deploy=false")
     )
-    # and without the read-ahead (gpubox.readahead): every fact read on the box as it comes
+    # and without the read-ahead (gpubox.infra.readahead): every fact read on the box as it comes
     unread, _ = profiled_deploy(
         out / f"profile_noop_no_readahead{suffix}.json", env=("GPUBOX_READAHEAD=0",)
     )

@@ -109,7 +109,7 @@ def _write(path: Path) -> None:
         RECORD["planning_s"] = round(stages[-1]["at"] + stages[-1]["seconds"] - stages[0]["at"], 3)
     if ops:
         RECORD["execute_s"] = round(ops[-1]["at"] + ops[-1]["seconds"] - ops[0]["at"], 3)
-    from gpubox import readahead
+    from gpubox.infra import readahead
 
     RECORD["readahead"] = readahead.reports()
     path.write_text(json.dumps(RECORD, indent=1) + "\n")

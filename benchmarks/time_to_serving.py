@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpubox import demo, sandbox
+from gpubox import sandbox
+from gpubox.commands import demo
 from gpubox.sandbox import hub
 
 # The download is slowed on purpose to a few kB/s: the stall watchdog (which counts bytes on

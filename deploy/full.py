@@ -5,6 +5,6 @@ runs); this file runs it, so the two are one deploy."""
 
 import runpy
 
-from gpubox import deploying
+from gpubox.commands import deploying
 
 runpy.run_path(str(deploying.DEPLOY_DIR / "full.py"))

@@ -1,4 +1,6 @@
-"""The catalog: every pinned version, URL, checksum and key fingerprint (catalog.yml).
+"""Layer 1, leaves: every pinned version, URL, checksum and key fingerprint.
+
+The catalog: every pinned version, URL, checksum and key fingerprint (catalog.yml).
 
 A host may override any leaf of the catalog with the ``catalog_overrides`` host data key,
 which maps a dotted path to a new value (mirrors: ``{"repos.nvidia_cuda.url": "..."}``).

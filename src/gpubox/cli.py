@@ -1,4 +1,4 @@
-"""The gpubox command."""
+"""Layer 11, entry points: the gpubox command."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpubox import config, inventory, reach
+from gpubox import config
 from gpubox.config.keys import KEYS
+from gpubox.remote import inventory, reach
 
 # What a command needs beyond this module, imported only when that command runs (_lazy):
 # `gpubox --help`, `check` and `keys` need none of it, and together these take about 220 ms
@@ -22,12 +23,12 @@ from gpubox.config.keys import KEYS
 # takes in all (about 120 ms, measured 2026-12-02). Each module but gpubox.checks has a
 # main(argv) that parses the command's own arguments.
 LAZY = {
-    "deploy": "gpubox.deploying",
+    "deploy": "gpubox.commands.deploying",
     "verify": "gpubox.hostchecks.command",
     "sandbox": "gpubox.sandbox.cli",
     "bench": "gpubox.bench",
     "doctor": "gpubox.doctor",
-    "nvlink": "gpubox.nvlink",
+    "nvlink": "gpubox.commands.nvlink",
     "checks": "gpubox.checks",
 }
 

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from gpubox import demo, sandbox
+from gpubox import sandbox
+from gpubox.commands import demo
 from gpubox.sandbox.standin import state as standin_state
 
 STATE_PATH = "/var/lib/gpubox-standin/state.json"

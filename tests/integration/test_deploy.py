@@ -10,9 +10,11 @@ import time
 import pytest
 from conftest import box_sh, plant
 
-from gpubox import demo, exporter_label, sandbox
+from gpubox import sandbox
+from gpubox.base.layout import DCGM_EXPORTER, DCGM_EXPORTER_UNIT_FILE
+from gpubox.commands import demo
 from gpubox.config import load_host_config
-from gpubox.layout import DCGM_EXPORTER, DCGM_EXPORTER_UNIT_FILE
+from gpubox.knowledge import exporter_label
 from gpubox.sandbox.standin import state as standin_state
 from gpubox.stages.driver import PIN_FILE
 

@@ -19,9 +19,12 @@ import pytest
 from conftest import box_sh, plant
 
 from gpubox import bench as bench_records
-from gpubox import checks, demo, inventory, layout
+from gpubox import checks
+from gpubox.base import layout
+from gpubox.commands import demo
 from gpubox.config import load_host_config
 from gpubox.plans import model as plan_model
+from gpubox.remote import inventory
 from gpubox.sandbox.standin import state as standin_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_box")]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import box_sh
 
-from gpubox import demo
-from gpubox import dpkg_ready as dr
+from gpubox.commands import demo
+from gpubox.preflight import dpkg_ready as dr
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import box_sh, plant
 
-from gpubox import demo
+from gpubox.commands import demo
 from gpubox.sandbox.standin import state as standin_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fleet")]
@@ -42,7 +42,7 @@ def doctor_json() -> dict:
 
 
 def test_the_inventory_lists_every_box_with_its_own_data():
-    from gpubox import inventory
+    from gpubox.remote import inventory
 
     hosts = dict(inventory.load(str(demo.ROOT / demo.INVENTORY)))
     assert list(hosts) == BOXES

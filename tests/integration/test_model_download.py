@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import box_sh
 
-from gpubox import demo, inventory
+from gpubox.commands import demo
 from gpubox.config import HostConfig, load_host_config
 from gpubox.plans import model as plan_model
+from gpubox.remote import inventory
 from gpubox.sandbox import hub
 from gpubox.stages import model as model_stage
 

@@ -11,7 +11,8 @@ import time
 import pytest
 from conftest import box_sh
 
-from gpubox import demo, sandbox
+from gpubox import sandbox
+from gpubox.commands import demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
 

@@ -16,10 +16,12 @@ import panel_record
 import pytest
 from conftest import box_sh
 
-from gpubox import demo, inventory, layout
+from gpubox.base import layout
+from gpubox.commands import demo
 from gpubox.config import HostConfig, load_host_config
 from gpubox.plans import llamacpp as plan_llamacpp
 from gpubox.plans import model as plan_model
+from gpubox.remote import inventory
 from gpubox.stages import tools as tools_stage
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_box")]

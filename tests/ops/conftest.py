@@ -19,8 +19,11 @@ from pyinfra.api import Config, Host, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
-from gpubox import apt_versions, catalog, layout, offers
+from gpubox import catalog
+from gpubox.base import layout
 from gpubox.config import HostConfig, Target, load_host_config, target_for
+from gpubox.knowledge import apt_versions
+from gpubox.rules import offers
 
 FACTS = Path(__file__).parent / "facts"
 
@@ -35,12 +38,12 @@ V100_LSPCI = [
     " [10de:1db5] (rev a1)",
 ]
 
-# gpubox.desktop's fact on a server (tests/ops/facts/README.md): multi-user.target, no display
+# gpubox.rules.desktop's fact on a server (tests/ops/facts/README.md): multi-user.target, no display
 # manager, the deploy's own ssh session (a tty, remote, no seat), the NVIDIA devices with no
 # driver bound yet.
 SERVER_DESKTOP_STATE = (FACTS / "desktop-state-server").read_text().splitlines()
 
-# gpubox.kernels.KERNEL_METAS_COMMAND on a fresh Ubuntu 24.04 server: the GA kernel's image
+# gpubox.base.kernels.KERNEL_METAS_COMMAND on a fresh Ubuntu 24.04 server: the GA kernel's image
 # meta at the version of the running 6.8.0-88 kernel (Ubuntu's linux-meta source, noble-updates).
 KERNEL_METAS = {"ubuntu2404": ["linux-image-generic\t6.8.0-88.89\tii "]}
 
@@ -54,7 +57,7 @@ NCCL_OFFERED = ("2.25.1-1+cuda12.8", "2.26.2-1+cuda12.8", "2.32.3-1+cuda12.9")
 
 
 def repo_answers(os_name: str) -> dict[object, object]:
-    """What the repositories offer (gpubox.offers' query): every catalog pin, and the driver
+    """What the repositories offer (gpubox.rules.offers' query): every catalog pin, and the driver
     roots of each branch at its package version, as NVIDIA's repositories carry them."""
     if os_name not in OS_FAMILY:
         return {}
@@ -84,7 +87,7 @@ def repo_answers(os_name: str) -> dict[object, object]:
 
 
 def installed_pins(os_name: str, data: dict[str, object] = REFERENCE) -> list[str]:
-    """`dpkg -l` lines of every package the deploy pins (gpubox.offers.pinned_sets and the
+    """`dpkg -l` lines of every package the deploy pins (gpubox.rules.offers.pinned_sets and the
     driver's roots), installed at its pin: what a converged box shows."""
     config, target = _config_target(os_name, data)
     driver = config.driver_packages(target.family)
@@ -100,13 +103,14 @@ def installed_pins(os_name: str, data: dict[str, object] = REFERENCE) -> list[st
 def kept_offers(
     os_name: str, data: dict[str, object] = REFERENCE, files: dict[str, str] | None = None
 ) -> list[str]:
-    """gpubox.answers' KeptOffers fact on a box that a deploy converged: the digests of the
+    """gpubox.preflight.answers' KeptOffers fact on a box that a deploy converged: the digests of
+    the
     driver's pin file and blacklist (``files``: path -> text; default: the ones the
     repositories' answers give) and the answers the first deploy kept (repo_answers)."""
     import hashlib
 
-    from gpubox import answers
     from gpubox.plans import driver as driver_plan
+    from gpubox.preflight import answers
 
     config, target = _config_target(os_name, data)
     asked = answers.questions(config, target, offers.pinned_sets(config, target, {}))
@@ -151,12 +155,12 @@ def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
         "test -d /sys/module/nouveau": "no",
         "grep -qw contrib": "no",
         **repo_answers(os_name),
-        # gpubox.kernels: the running kernel, no other, no dkms yet
+        # gpubox.base.kernels: the running kernel, no other, no dkms yet
         "for f in /boot/vmlinuz-*": ["R 6.8.0-88-generic"],
         "'linux-image-*'": KERNEL_METAS.get(os_name, []),
-        # gpubox.desktop: a server, not a desktop
+        # gpubox.rules.desktop: a server, not a desktop
         "echo '## default-target'": SERVER_DESKTOP_STATE,
-        # gpubox.runfile: no runfile driver (its command prints nothing on a clean box)
+        # gpubox.infra.runfile: no runfile driver (its command prints nothing on a clean box)
         "/var/lib/nvidia/log": [],
     }
     answers.update(overrides)
@@ -264,14 +268,15 @@ def commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return spy_commands(monkeypatch, FakeConnector)
 
 
-# The plan tests run without the read-ahead (gpubox.readahead): run_stages would otherwise
+# The plan tests run without the read-ahead (gpubox.infra.readahead): run_stages would otherwise
 # wrap pyinfra's Host for the rest of the process and keep the fake hosts' fact commands in
 # the user's cache. tests/ops/test_readahead.py turns it on for its own runs.
 os.environ["GPUBOX_READAHEAD"] = "0"
 
 
 def unit_state(unit: str, active: str = "active") -> dict[str, str]:
-    """The answer to gpubox.reads.UNIT_STATES for one unit (the backend's, read at plan time):
+    """The answer to gpubox.knowledge.reads.UNIT_STATES for one unit (the backend's, read at plan
+    time):
     systemctl show's block, keyed by the end of its command."""
     return {
         f"ActiveState,UnitFileState {unit}": (

@@ -7,7 +7,7 @@ import re
 
 from conftest import REFERENCE, fresh_box
 
-from gpubox import rendering
+from gpubox.base import rendering
 from gpubox.config import load_host_config, validate
 from gpubox.plans import llamacpp as plan_llamacpp
 from gpubox.plans import model as plan_model
@@ -176,7 +176,7 @@ def test_the_flag_check_runs_against_a_help_text(tmp_path):
 
 
 def test_the_unit_reads_the_key_as_a_credential_never_on_the_command_line():
-    from gpubox.rendering import render
+    from gpubox.base.rendering import render
 
     unit = render(
         "llama-server.service.j2",
@@ -309,7 +309,7 @@ def test_backend_compat_rules():
 def test_too_little_disk_for_the_model_is_refused_before_anything(plan_of):
     import pytest
 
-    from gpubox.errors import DeployRefused
+    from gpubox.base.errors import DeployRefused
 
     answers = fresh_box("ubuntu2404", **{"df -B1 --output=avail": str(10 * 2**30)})
     with pytest.raises(DeployRefused, match=r"has 10\.0 GiB free; .* needs 46\.0 GiB"):

@@ -15,10 +15,10 @@ import pytest
 from conftest import REFERENCE, fresh_box
 from pyinfra.api.exceptions import OperationError
 
-from gpubox import exporter_label
+from gpubox.base.rendering import render
 from gpubox.config import load_host_config, target_for
-from gpubox.operations import merge_json
-from gpubox.rendering import render
+from gpubox.infra.operations import merge_json
+from gpubox.knowledge import exporter_label
 from gpubox.stages import burnin as burnin_stage
 from gpubox.stages import container_toolkit as toolkit_stage
 from gpubox.stages import dcgm as dcgm_stage
@@ -46,7 +46,7 @@ def test_docker_from_dockers_repository_on_ubuntu(plan_of):
             "docker-compose-plugin=2.40.3-1~ubuntu.24.04~noble",
         ]
     )
-    from gpubox.apt_sources import source_line
+    from gpubox.rules.apt_sources import source_line
 
     config = load_host_config("b", REFERENCE)
     target = target_for({"ID": "ubuntu", "VERSION_ID": "24.04"}, config.catalog)

@@ -2,7 +2,8 @@
 and Debian 12), never one already in it, and preflight refuses a user the box lacks before the
 first stage changes anything.
 
-The users' facts are `id -nG` lines as gpubox.users.groups_command prints them (``NAME:`` and
+The users' facts are `id -nG` lines as gpubox.knowledge.users.groups_command prints them (``NAME:``
+and
 the groups; nothing after the colon for a user the box does not have). The desktop owner's
 groups are the ones Ubuntu's desktop installer gives the first user (adm cdrom sudo dip
 plugdev users lpadmin); only the presence of docker decides anything here."""
@@ -14,7 +15,7 @@ from conftest import REFERENCE, fake_host, fresh_box
 from test_container_stages_plan import NO_DOCKER
 from test_desktop_plan import hwe_desktop
 
-from gpubox.errors import DeployRefused
+from gpubox.base.errors import DeployRefused
 from gpubox.stages import docker as docker_stage
 from gpubox.stages import driver as driver_stage
 from gpubox.stages import run_stages
@@ -69,7 +70,7 @@ def test_a_user_the_box_lacks_is_refused_before_the_first_change(os_name):
         # the first stage of deploy/full.py: preflight runs there, for every stage
         run_stages(driver_stage.driver)
     # pyinfra plans every operation before it runs one: the refusal ends the run at the plan,
-    # where the only operation is dpkg_ready's apt lock timeout (gpubox.dpkg_ready), first
+    # where the only operation is dpkg_ready's apt lock timeout (gpubox.preflight.dpkg_ready), first
     planned = [" ".join(fake.state.op_meta[h].names) for h in fake.state.get_op_order()]
     assert all("dpkg's lock" in n for n in planned), planned
     message = str(refused.value)

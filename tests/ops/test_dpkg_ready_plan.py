@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import REFERENCE, fresh_box
 
-from gpubox import dpkg_ready
-from gpubox.errors import DeployRefused
+from gpubox.base.errors import DeployRefused
+from gpubox.preflight import dpkg_ready
 from gpubox.stages import driver as driver_stage
 
 LOCK_CONF = "apt-get waits up to"

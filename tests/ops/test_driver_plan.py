@@ -7,11 +7,12 @@ import re
 import pytest
 from conftest import REFERENCE, fresh_box, installed_pins, kept_offers, repo_answers
 
-from gpubox import dpkg_ready, offers
+from gpubox.base.errors import DeployRefused
 from gpubox.config import load_host_config, target_for
-from gpubox.errors import DeployRefused
 from gpubox.parsers import parse_stanzas
 from gpubox.plans import driver as driver_plan
+from gpubox.preflight import dpkg_ready
+from gpubox.rules import offers
 from gpubox.stages import driver as driver_stage
 
 
@@ -176,7 +177,7 @@ def test_persistence_dropin_and_initramfs(plan_of):
     (initramfs,) = [n for n in plan.names if "initramfs" in n]
     assert initramfs in plan.conditional  # only when the blacklist file changed
     assert plan.op("nvidia-persistenced running") == ["systemctl start nvidia-persistenced.service"]
-    from gpubox.rendering import render
+    from gpubox.base.rendering import render
 
     dropin = render("nvidia-persistenced.conf.j2", persistence_mode=True)
     # the packaged ExecStart (and the user it names, which differs by distribution) is kept
@@ -227,8 +228,8 @@ def converged_ubuntu_box() -> dict[object, object]:
     """Fact answers of an Ubuntu 24.04 box that a deploy already converged."""
     import hashlib
 
+    from gpubox.base.rendering import FILES, render
     from gpubox.ops.apt_repo import cuda_source_line as source_line
-    from gpubox.rendering import FILES, render
     from gpubox.stages import cuda as cuda_stage
 
     config = load_host_config("box", REFERENCE)
@@ -264,7 +265,7 @@ def converged_ubuntu_box() -> dict[object, object]:
     return fresh_box(
         "ubuntu2404",
         **{
-            # the repositories' answers the first deploy kept (gpubox.answers)
+            # the repositories' answers the first deploy kept (gpubox.preflight.answers)
             "gpubox-kept-offers": kept_offers("ubuntu2404"),
             "sha256sum <": digests,
             "dpkg -l": dpkg,
@@ -406,7 +407,8 @@ def test_debians_legacy_gpu_check_is_answered_once_before_the_install(plan_of):
 
 
 def _gpus(*modes: str) -> dict[str, str]:
-    """The answer of the GPUs' query (gpubox.reads.GPU_QUERY) with these persistence modes."""
+    """The answer of the GPUs' query (gpubox.knowledge.reads.GPU_QUERY) with these persistence
+    modes."""
     rows = [
         f"{i}, Tesla V100-SXM2-32GB, GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd, "
         f"00000000:0{6 + i}:00.0, 570.211.01, {mode}, 0, 32768, 35, 41.20, 300.00"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import REFERENCE, fake_host, fresh_box
 
-from gpubox import driver_replacement
+from gpubox.preflight import driver_replacement
 from gpubox.stages import driver as driver_stage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "apt"

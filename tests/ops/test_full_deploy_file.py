@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REFERENCE, fresh_box
 
-from gpubox import deploying
+from gpubox.commands import deploying
 from gpubox.stages import dcgm as dcgm_stage
 from gpubox.stages import run_stages
 from gpubox.stages import tools as tools_stage

@@ -1,4 +1,5 @@
-"""gpubox.answers: a repository is asked what it offers only when something from it would be
+"""gpubox.preflight.answers: a repository is asked what it offers only when something from it would
+be
 installed or changed, or its kept answer cannot stand for a new one; otherwise the answer the
 first deploy kept on the box is used, and a converged box's run asks no repository."""
 
@@ -9,7 +10,7 @@ import json
 import pytest
 from conftest import REFERENCE, fake_host, fresh_box, installed_pins, kept_offers, repo_answers
 
-from gpubox.errors import DeployRefused
+from gpubox.base.errors import DeployRefused
 from gpubox.stages import run_stages
 from gpubox.stages.container_toolkit import container_toolkit
 from gpubox.stages.cuda import cuda
@@ -22,7 +23,7 @@ ALL = ["docker", "nvidia_container_toolkit", "nvidia_cuda"]
 
 
 def queried(sent: list[str]) -> list[str]:
-    """The repositories the run asked (gpubox.offers' query command)."""
+    """The repositories the run asked (gpubox.rules.offers' query command)."""
     return sorted(
         {c.split("# gpubox-apt-query ", 1)[1].split()[0] for c in sent if "gpubox-apt-query" in c}
     )

@@ -11,10 +11,10 @@ import json
 import pytest
 from conftest import REFERENCE, V100_LSPCI, fresh_box, unit_state
 
-from gpubox import nccl, offers
+from gpubox.base.errors import DeployRefused
 from gpubox.config import load_host_config
-from gpubox.errors import DeployRefused
 from gpubox.plans import llamacpp as plan_llamacpp
+from gpubox.rules import nccl, offers
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import cuda as cuda_stage
 from gpubox.stages import llamacpp_build

@@ -8,8 +8,9 @@ import pytest
 from conftest import REFERENCE, fake_host, fresh_box
 from pyinfra.api.command import FileUploadCommand
 
-from gpubox import deploying, progress
+from gpubox.commands import deploying
 from gpubox.config import load_host_config
+from gpubox.infra import progress
 from gpubox.plans import model as plan_model
 from gpubox.stages import model as model_stage
 
@@ -237,7 +238,7 @@ def test_without_an_announced_size_the_progress_has_no_total(plan_of):
 def test_the_disk_check_counts_the_announced_size(plan_of):
     import pytest
 
-    from gpubox.errors import DeployRefused
+    from gpubox.base.errors import DeployRefused
 
     answers = fresh_box(
         "ubuntu2404",

@@ -1,11 +1,11 @@
 """What a no-op run reads: a fact the stages read more than once while they plan runs its
-command once per run (gpubox.host_facts.read_once)."""
+command once per run (gpubox.infra.host_facts.read_once)."""
 
 from __future__ import annotations
 
 from conftest import REFERENCE, fake_host, fresh_box, spy_commands
 
-from gpubox.host_facts import (
+from gpubox.infra.host_facts import (
     CommandOutput,
     DockerEngine,
     KernelModuleLoaded,
@@ -15,7 +15,7 @@ from gpubox.host_facts import (
     prefetch,
     read_once,
 )
-from gpubox.readahead import MARK
+from gpubox.infra.readahead import MARK
 
 
 def test_a_fact_read_twice_while_planning_runs_once_per_run(commands):

@@ -15,9 +15,11 @@ import pytest
 from conftest import REFERENCE, fresh_box
 from test_model_download_plan import uploads
 
-from gpubox import deploying, layout, parsers
-from gpubox import panel as rules
-from gpubox.errors import DeployRefused
+from gpubox import parsers
+from gpubox.base import layout
+from gpubox.base.errors import DeployRefused
+from gpubox.commands import deploying
+from gpubox.knowledge import panel as rules
 from gpubox.stages import container_toolkit, panel
 from gpubox.stages.panel import CONF, SCRIPT, conf_text, script_text
 
@@ -80,7 +82,7 @@ def box(os_name: str, *, state: list[str] | None = None, where: str = "", **more
 
 def short(names: list[str]) -> list[str]:
     """The stage's own operations' names: without preflight's wait for dpkg's lock (every
-    stage's first, gpubox.dpkg_ready, tests/ops/test_dpkg_ready_plan.py)."""
+    stage's first, gpubox.preflight.dpkg_ready, tests/ops/test_dpkg_ready_plan.py)."""
     return [n.rsplit(" | ", 1)[-1] for n in names if "for dpkg's lock" not in n]
 
 

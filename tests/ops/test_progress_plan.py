@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import REFERENCE, fake_host, fresh_box
 
-from gpubox import progress
+from gpubox.infra import progress
 from gpubox.stages import cuda as cuda_stage
 
 

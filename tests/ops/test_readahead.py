@@ -1,4 +1,4 @@
-"""The read-ahead (gpubox.readahead): a run keeps the fact commands it ran; the next run runs
+"""The read-ahead (gpubox.infra.readahead): a run keeps the fact commands it ran; the next run runs
 them in one round trip and answers reads of them until something is changed on the box. On
 this machine, through pyinfra's @local connector, with read-only commands."""
 
@@ -18,8 +18,8 @@ from pyinfra.api.connect import connect_all
 from pyinfra.connectors.local import LocalConnector
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
-from gpubox import readahead
-from gpubox.host_facts import (
+from gpubox.infra import readahead
+from gpubox.infra.host_facts import (
     CommandOutput,
     KernelModuleLoaded,
     OsRelease,
@@ -162,8 +162,8 @@ def test_a_command_with_a_secret_or_a_password_is_neither_kept_nor_answered():
 def test_a_fact_that_asks_a_server_or_costs_much_is_never_read_ahead(sent):
     from pyinfra.facts.server import Users
 
-    from gpubox.answers import RepoOffers
-    from gpubox.host_facts import NetworkOutput
+    from gpubox.infra.host_facts import NetworkOutput
+    from gpubox.preflight.answers import RepoOffers
 
     asks = (NetworkOutput, {"command": "echo from-the-hub"})
     with run() as host:

@@ -13,7 +13,7 @@ from test_desktop_plan import hwe_desktop
 from test_driver_replacement_plan import DPKG_580, INSTALLED, RECORDED, SIMULATION
 from test_secure_boot_plan import MOK, ubuntu_state
 
-from gpubox import dpkg_ready
+from gpubox.preflight import dpkg_ready
 from gpubox.stages import driver as driver_stage
 from gpubox.stages import run_stages
 

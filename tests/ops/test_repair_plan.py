@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from conftest import REFERENCE, fresh_box, unit_state
 
-from gpubox import operations
 from gpubox.config import load_host_config
+from gpubox.infra import operations
 from gpubox.plans import llamacpp as plan_llamacpp
 from gpubox.plans import model as plan_model
 from gpubox.stages import backend as backend_stage
@@ -208,7 +208,7 @@ def test_a_model_that_changed_since_it_was_verified_is_verified_again(plan_of):
     config = load_host_config("b", LLAMA_DATA)
     p = plan_model.plan(config)
     ((download,),) = [c for n, c in plan.ops if "Download and verify m.gguf" in n]
-    assert "gpubox long step" in download  # with progress lines (gpubox.progress)
+    assert "gpubox long step" in download  # with progress lines (gpubox.infra.progress)
     # the download runs in its unit (started again: the file no longer matches its marker)
     assert model_stage.wait_command(p) in download
     assert [n for n in plan.names if "Start gpubox-model-download" in n]

@@ -1,6 +1,6 @@
 """A driver from NVIDIA's .run installer, as the driver stage plans around it: refused by
 default (nothing planned, the message names nvidia-uninstall), uninstalled first with
-runfile_driver: uninstall. The box's answer to gpubox.runfile's fact is the real command's
+runfile_driver: uninstall. The box's answer to gpubox.infra.runfile's fact is the real command's
 output on a tree the sandbox's stand-in planted (gpubox.sandbox.runfile_standin)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REFERENCE, fake_host, fresh_box
 
-from gpubox import runfile
-from gpubox.errors import DeployRefused
+from gpubox.base.errors import DeployRefused
+from gpubox.infra import runfile
 from gpubox.sandbox import runfile_standin
 from gpubox.stages import driver as driver_stage
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import REFERENCE, fresh_box
 
-from gpubox.errors import DeployRefused
+from gpubox.base.errors import DeployRefused
 from gpubox.stages import cuda as cuda_stage
 from gpubox.stages import driver as driver_stage
 from gpubox.stages import run_stages

@@ -13,9 +13,9 @@ import pytest
 from conftest import REFERENCE, fresh_box
 from test_model_download_plan import uploads
 
-from gpubox import progress
+from gpubox.base.errors import DeployRefused
 from gpubox.config import load_host_config
-from gpubox.errors import DeployRefused
+from gpubox.infra import progress
 from gpubox.plans import checkpoint, model_script
 from gpubox.plans import vllm as plan_vllm
 from gpubox.stages import backend as backend_stage

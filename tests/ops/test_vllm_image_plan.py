@@ -12,7 +12,7 @@ import pytest
 from conftest import REFERENCE, fresh_box
 from test_model_download_plan import uploads
 
-from gpubox import deploying
+from gpubox.commands import deploying
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import vllm_image
 

@@ -15,8 +15,8 @@ from conftest import REFERENCE, fake_host, fresh_box, unit_state
 from pyinfra.api import OperationError
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from gpubox import torch_archs
 from gpubox.config import load_host_config
+from gpubox.knowledge import torch_archs
 from gpubox.plans import vllm as plan_vllm
 from gpubox.stages import backend as backend_stage
 from gpubox.stages import vllm as vllm_stage

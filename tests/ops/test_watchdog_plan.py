@@ -11,9 +11,10 @@ import pytest
 from conftest import REFERENCE, fresh_box
 from test_model_download_plan import uploads
 
-from gpubox import deploying, layout
-from gpubox import watchdog as script
+from gpubox.base import layout
+from gpubox.commands import deploying
 from gpubox.config import load_host_config, validate
+from gpubox.knowledge import watchdog as script
 from gpubox.stages import watchdog as watchdog_stage
 
 PYTHON_THERE = {"test -x /usr/bin/python3": "yes"}

@@ -5,7 +5,7 @@ packages that are not driver builds (egl-wayland, egl-gbm, egl-x11, nvidia-setti
 nvidia-prime) keep their updates; refused by name (the pin before), they froze.
 (E) A box running Ubuntu's own driver (nvidia-driver-580's desktop stack, nvidia-driver-470):
 installing the pinned roots removes exactly Ubuntu's driver build, and the product's own
-simulation (gpubox.driver_replacement.simulate_command) lists those removals.
+simulation (gpubox.preflight.driver_replacement.simulate_command) lists those removals.
 
 The recorded noble stanzas, plus the written ones of ubuntu-noble-desktop-extra.Packages
 (tests/fixtures/apt/README.md says which fields are guesses).
@@ -23,9 +23,9 @@ import pytest
 from aptmodels import World, build_world, host_config
 from aptsim import Stanza
 
-from gpubox import driver_replacement
 from gpubox.config import HostConfig
 from gpubox.plans import driver as driver_plan
+from gpubox.preflight import driver_replacement
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""gpubox.answer_sanity: the judge of backend.sane and of `gpubox bench --smoke`, on answers in
+"""gpubox.knowledge.answer_sanity: the judge of backend.sane and of `gpubox bench --smoke`, on
+answers in
 the two servers' shapes.
 
 LLAMA_TINY is llama-server b11312's whole answer to the check's short prompt, recorded from the
@@ -14,9 +15,9 @@ import json
 
 import pytest
 
-from gpubox import answer_sanity
-from gpubox.answer_sanity import answer_problem, text_problem
-from gpubox.openai_shape import parse
+from gpubox.knowledge import answer_sanity
+from gpubox.knowledge.answer_sanity import answer_problem, text_problem
+from gpubox.knowledge.openai_shape import parse
 
 LLAMA_TINY = (
     '{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"H'

@@ -1,11 +1,13 @@
-"""gpubox.answers' pure parts: the kept file's reading and writing, and a question's key."""
+"""gpubox.preflight.answers' pure parts: the kept file's reading and writing, and a question's
+key."""
 
 from __future__ import annotations
 
 import json
 
-from gpubox import answers, layout
-from gpubox.offers import RepoIndex
+from gpubox.base import layout
+from gpubox.preflight import answers
+from gpubox.rules.offers import RepoIndex
 
 Q = answers.Question(
     "nvidia_container_toolkit",

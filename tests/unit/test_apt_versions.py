@@ -1,4 +1,4 @@
-"""Debian version order and version-pattern pins (gpubox.apt_versions): the order checked
+"""Debian version order and version-pattern pins (gpubox.knowledge.apt_versions): the order checked
 against dpkg's own `dpkg --compare-versions` where dpkg is installed, on NCCL's real version
 strings (as NVIDIA's CUDA repository names its builds) and dpkg's edge cases."""
 
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpubox import apt_versions
+from gpubox.knowledge import apt_versions
 
 PAIRS = [
     ("2.26.2-1+cuda12.8", "2.25.1-1+cuda12.8"),

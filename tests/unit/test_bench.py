@@ -209,7 +209,7 @@ class SyntheticServer(ThreadingHTTPServer):
 
 
 def _gevent_patched() -> bool:
-    # gpubox.inventory.load imports pyinfra_cli, whose import monkey-patches the process with
+    # gpubox.remote.inventory.load imports pyinfra_cli, whose import monkey-patches the process with
     # gevent (threads become greenlets): timings taken after that measure gevent, not the bench.
     import sys
 

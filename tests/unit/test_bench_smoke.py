@@ -16,7 +16,7 @@ import shlex
 import pytest
 from helpers import REFERENCE
 
-from gpubox import layout
+from gpubox.base import layout
 from gpubox.bench import smoke, smoke_host
 from gpubox.bench.smoke import CONTAINER, ENV_FILE, Plan, Row, Variant
 from gpubox.checks import Output

@@ -1,4 +1,5 @@
-"""gpubox.tunnel: the local port forward (bound to 127.0.0.1, an ephemeral port, stopping when
+"""gpubox.remote.tunnel: the local port forward (bound to 127.0.0.1, an ephemeral port, stopping
+when
 closed) and the API key read over SSH (never on a command line); and `gpubox bench
 --inventory` end to end through both, against an SSH server on loopback (paramiko's own
 server side, running the commands it is sent for real) and the bench's synthetic API."""
@@ -20,7 +21,8 @@ import paramiko
 import pytest
 from test_bench import KEY, MODEL, SyntheticServer, _gevent_patched
 
-from gpubox import bench, reach, tunnel
+from gpubox import bench
+from gpubox.remote import reach, tunnel
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ The outputs are test_doctor.py's converged box (the stand-in nvidia-smi, lspci a
 every other command in its real format), plus those of the facts that act on the box: a
 container's `nvidia-smi -L` and `dcgmi dmon` from the stand-ins, gpu-burn from
 tests/fixtures/gpu-burn, tool-call answers in the shape llama-server gives the sandbox's tiny
-model (gpubox.openai_shape reads them)."""
+model (gpubox.knowledge.openai_shape reads them)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ from test_doctor import (
     systemctl_show,
 )
 
-from gpubox import checks, layout, parsers
+from gpubox import checks, parsers
+from gpubox.base import layout
 from gpubox.checks import tools
 from gpubox.checks.core import FACTS, Output, Reading, Recorded
 from gpubox.config import HostConfig, load_host_config, target_for

@@ -179,7 +179,7 @@ def test_burnin_runs_the_hosts_it_can_reach_and_exits_3(capsys, monkeypatch, tmp
 
 
 def test_the_lab_inventory_shares_group_data_and_lets_a_host_override_it(capsys):
-    from gpubox import inventory
+    from gpubox.remote import inventory
 
     assert main(["check", str(ROOT / "inventories/lab.py")]) == 0
     assert capsys.readouterr().out.splitlines()[:3] == ["gpu1  valid", "gpu2  valid", "gpu3  valid"]

@@ -1,6 +1,7 @@
 """The installed command's front door: gpubox deploy, gpubox verify, gpubox keys, --version.
 
-A host that cannot be reached is one line, "NAME: unreachable: WHY", and exit 3 (gpubox.reach);
+A host that cannot be reached is one line, "NAME: unreachable: WHY", and exit 3
+(gpubox.remote.reach);
 bad input is exit 2 before any host is contacted."""
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from gpubox import checks, cli, deploying, reach
+from gpubox import checks, cli
+from gpubox.commands import deploying
 from gpubox.hostchecks import command, plugin
+from gpubox.remote import reach
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "inventories" / "example.py")

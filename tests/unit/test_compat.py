@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubox import compat
+from gpubox.base import compat
 
 
 def test_every_gpu_model_has_a_known_architecture_and_pci_id():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers import REFERENCE
 
-from gpubox import catalog, compat
+from gpubox import catalog
+from gpubox.base import compat
 from gpubox.config import KEYS, ConfigError, load_host_config, validate
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import desktop, parsers
+from gpubox import parsers
 from gpubox.config import KEYS, load_host_config
 from gpubox.parsers import ParseError
+from gpubox.rules import desktop
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 from helpers import bench_level
 
-from gpubox import bench, checks, doctor, layout, parsers, reads
+from gpubox import bench, checks, doctor, parsers
+from gpubox.base import layout
 from gpubox.checks.core import FACTS, Output, Unreachable
 from gpubox.checks.facts import SERVICES
 from gpubox.config import HostConfig, load_host_config, target_for
+from gpubox.knowledge import reads
 from gpubox.parsers import SECTION, parse_unit_states
 from gpubox.plans import driver as driver_plan
 from gpubox.sandbox import standin
@@ -63,11 +65,11 @@ def section(name: str, text: str) -> str:
 
 
 def panel_converged(config: HostConfig = CONFIG) -> str:
-    """gpubox.panel's state fact on a box with 1Panel converged: 1pctl's variables (the
+    """gpubox.knowledge.panel's state fact on a box with 1Panel converged: 1pctl's variables (the
     password masked), both units active and enabled, `1pctl user-info` filtered on the box,
     the version, the agent's socket, the entrance file's digest and the login page (its three
     marks, status 200)."""
-    from gpubox import panel
+    from gpubox.knowledge import panel
 
     port, user = config.panel_port, config.panel_user
     unit = "Id={}.service\nLoadState=loaded\nActiveState=active\nUnitFileState=enabled\n"
@@ -123,7 +125,7 @@ def driver_plan_for(config: HostConfig) -> driver_plan.DriverPlan:
 
 def pin_files(config: HostConfig) -> dict[str, str]:
     """The apt pins the driver, container toolkit and DCGM stages write."""
-    from gpubox.rendering import render
+    from gpubox.base.rendering import render
 
     toolkit, dcgm = config.catalog["container_toolkit"], config.catalog["dcgm"]
     return {
@@ -342,7 +344,7 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
         )
         + "\n",
         "docker_version": "28.5.1\n",
-        # `id -nG` of each user of docker_users (gpubox.users.groups_command's lines)
+        # `id -nG` of each user of docker_users (gpubox.knowledge.users.groups_command's lines)
         "docker_users": "".join(f"{u}:{u} sudo docker\n" for u in config.docker_users),
         "daemon_json": json.dumps(
             {
@@ -403,7 +405,7 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
 # The passive facts the sandbox's stand-ins answer.
 STANDIN_FACTS = {"smi_query", "smi_apps", "nvlink", "topo", "lspci", "dcgm_discovery"}
 STANDINS = ("nvidia-smi", "dcgmi", "lspci")
-LSPCI = "lspci -Dnn -d 10de:"  # what gpubox.reads.NVIDIA_PCI runs where lspci is there
+LSPCI = "lspci -Dnn -d 10de:"  # what gpubox.knowledge.reads.NVIDIA_PCI runs where lspci is there
 
 
 def fact_names(config: HostConfig) -> dict[str, str]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import dpkg_ready as dr
-from gpubox.errors import DeployRefused
+from gpubox.base.errors import DeployRefused
+from gpubox.preflight import dpkg_ready as dr
 
 HOLD = (
     "import fcntl, sys, time\n"

@@ -1,4 +1,5 @@
-"""gpubox.driver_replacement: apt's simulation parsed, when it runs, what preflight prints, and
+"""gpubox.preflight.driver_replacement: apt's simulation parsed, when it runs, what preflight
+prints, and
 the simulation's script (read-only for the host's apt). apt's own answer to the script is
 tests/resolver/test_desktop_driver.py."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from gpubox import driver_replacement as dr
+from gpubox.preflight import driver_replacement as dr
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "apt"
 # apt 2.6.2's real `apt-get -s install` over Ubuntu's 580 desktop stack (tests/fixtures/SOURCES.md)

@@ -1,4 +1,4 @@
-"""The Hostname label rule of the pinned dcgm-exporter (gpubox.exporter_label).
+"""The Hostname label rule of the pinned dcgm-exporter (gpubox.knowledge.exporter_label).
 
 The cases of GetHostname are those of NVIDIA/dcgm-exporter's own
 internal/pkg/hostname/hostname_test.go at tag 4.4.1-4.6.0 (the catalog's image), plus gpubox's
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from gpubox.exporter_label import exporter_hostname, hostname_labels, split_host_port
+from gpubox.knowledge.exporter_label import exporter_hostname, hostname_labels, split_host_port
 
 
 @pytest.mark.parametrize(

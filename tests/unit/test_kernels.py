@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import kernels
+from gpubox.base import kernels
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from gpubox import bench, layout
+from gpubox import bench
+from gpubox.base import layout
+from gpubox.base.layout import BACKEND_UNITS
 from gpubox.bench import health, llamabench, llamabench_host, llamabench_results
 from gpubox.checks import Output
 from gpubox.config import load_host_config
-from gpubox.layout import BACKEND_UNITS
 
 # test::get_fields() of tools/llama-bench/llama-bench.cpp, in its order, then the two arrays
 # json_printer::print_test adds.
@@ -642,7 +643,7 @@ def test_the_figures_join_the_hosts_bench_record(state_dir):
 
 
 def test_the_plan_is_what_the_deploy_installs_and_serves():
-    from gpubox.layout import LLAMA_SERVER as LLAMA_UNIT
+    from gpubox.base.layout import LLAMA_SERVER as LLAMA_UNIT
     from gpubox.plans.llamacpp import llama_build
     from gpubox.plans.model import plan as model_plan
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import model_plan, serving
 
-from gpubox import progress
 from gpubox.config import load_host_config, validate
+from gpubox.infra import progress
 from gpubox.plans import model as plan_model
 from gpubox.sandbox import hub
 from gpubox.stages import model as model_stage

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import nvlink, parsers
+from gpubox import parsers
+from gpubox.commands import nvlink
 from gpubox.sandbox import standin
 from gpubox.sandbox.standin import state as st
 
@@ -149,7 +150,7 @@ def test_the_stand_in_stream_labelled(dcgmi):
 
 
 def test_a_host_that_does_not_resolve_is_one_line_and_exit_3(capsys) -> None:
-    from gpubox.nvlink import main
+    from gpubox.commands.nvlink import main
 
     assert main(["--host", "gpubox-no-such-host.invalid", "--count", "1"]) == 3
     out, err = capsys.readouterr()

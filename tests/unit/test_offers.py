@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import offers
 from gpubox.config import validate
+from gpubox.rules import offers
 
 STANZA = "Package: {name}\nVersion: {version}\nArchitecture: amd64\nFilename: pool/{name}.deb\n"
 

@@ -1,4 +1,5 @@
-"""gpubox.openai_shape: the answers of llama-server and vLLM to a request with a tool, whole and
+"""gpubox.knowledge.openai_shape: the answers of llama-server and vLLM to a request with a tool,
+whole and
 streamed, put together and judged the way the checks backend.tool-call-whole and
 backend.tool-call-streamed (gpubox.checks.backend) do.
 
@@ -15,8 +16,8 @@ import json
 
 import pytest
 
-from gpubox import openai_shape
-from gpubox.openai_shape import parse, tool_call_problems
+from gpubox.knowledge import openai_shape
+from gpubox.knowledge.openai_shape import parse, tool_call_problems
 
 LLAMA_WHOLE = (
     '{"choices":[{"finish_reason":"tool_calls","index":0,"message":{"role":"assistant",'

@@ -1,4 +1,4 @@
-"""gpubox.outcome: gpubox deploy exits 4 when every failed host stopped on purpose (waiting
+"""gpubox.infra.outcome: gpubox deploy exits 4 when every failed host stopped on purpose (waiting
 for its owner), 1 when any failed otherwise."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.context import ctx_state
 
-from gpubox import outcome, reach
+from gpubox.infra import outcome
+from gpubox.remote import reach
 
 
 def written(path: Path, stopped: list[str], failed: list[str]) -> str:
@@ -69,8 +70,8 @@ def test_a_real_pyinfra_run_that_stops_on_purpose_gives_4(tmp_path: Path) -> Non
 
     deploy = tmp_path / "stop.py"
     deploy.write_text(
-        "from gpubox import operations\n"
-        "from gpubox.errors import HostStopped\n"
+        "from gpubox.infra import operations\n"
+        "from gpubox.base.errors import HostStopped\n"
         "from gpubox.stages import run_stages\n\n\n"
         "def stage():\n"
         '    operations.fail(name="Waiting for the owner", message="enroll the key")\n'

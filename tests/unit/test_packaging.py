@@ -15,7 +15,7 @@ PROBE = textwrap.dedent(
     """
     import pathlib, sys
     import gpubox
-    from gpubox.rendering import FILES, TEMPLATES, render
+    from gpubox.base.rendering import FILES, TEMPLATES, render
     from gpubox import cli
     where = pathlib.Path(gpubox.__file__).resolve().parent
     assert str(where).startswith(sys.argv[1]), where

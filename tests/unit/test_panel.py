@@ -1,4 +1,4 @@
-"""The panel's keys and pure rules (gpubox.panel, docs/panel.md): gpubox check accepts
+"""The panel's keys and pure rules (gpubox.knowledge.panel, docs/panel.md): gpubox check accepts
 panel: "1panel" and refuses a bad panel_port, user, entrance or directory, naming the key;
 the package for the box's architecture and its sha256 from the catalog (an architecture with
 none is refused naming the catalog_overrides key); the box's state parsed from its sections;
@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from helpers import REFERENCE
 
-from gpubox import panel, parsers
+from gpubox import parsers
 from gpubox.cli import main
 from gpubox.config import load_host_config, validate
 from gpubox.config.validation import HOSTENGINE_PORT
+from gpubox.knowledge import panel
 from gpubox.stages import dcgm
 
 PANEL = {**REFERENCE, "panel": "1panel"}
@@ -240,7 +241,7 @@ def test_the_state_command_reads_1pctl_and_user_info_and_keeps_the_password(tmp_
     reported as masked or clear, the entrance only as the same as gpubox's file or not."""
     import subprocess
 
-    from gpubox import layout
+    from gpubox.base import layout
 
     config = load_host_config("box", PANEL)
     entrance = tmp_path / "entrance"

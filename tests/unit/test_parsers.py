@@ -377,7 +377,7 @@ def test_lspci_without_domain_and_with_detail_lines():
 
 
 def test_lspci_sysfs_fallback_line():
-    # the line gpubox.host_facts prints from sysfs when lspci is absent
+    # the line gpubox.infra.host_facts prints from sysfs when lspci is absent
     (dev,) = parsers.parse_lspci("0000:1a:00.0 Class [0302]: NVIDIA Corporation Device [10de:1db5]")
     assert (dev.class_code, dev.device_id) == ("0302", "1db5")
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from gpubox import demo, progress
+from gpubox.commands import demo
+from gpubox.infra import progress
 
 UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 
@@ -324,7 +325,7 @@ def test_the_command_asks_the_connector_to_print_its_output_live():
 
 
 DEPLOY = """
-from gpubox import progress
+from gpubox.infra import progress
 progress.long_step(
     name="Slow step",
     command="for i in 1 2 3 4 5; do head -c 1000 /dev/zero >>{target}; sleep 0.8; done",

@@ -1,4 +1,4 @@
-"""gpubox.reach: the exit codes every command shares, and the one-line reason a host cannot
+"""gpubox.remote.reach: the exit codes every command shares, and the one-line reason a host cannot
 be reached."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import reach
+from gpubox.remote import reach
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ EXAMPLE = str(ROOT / "inventories" / "example.py")  # 192.0.2.10: a documentatio
     [
         ["gpubox.doctor", EXAMPLE],
         ["gpubox.doctor", EXAMPLE, "--json"],
-        ["gpubox.nvlink", EXAMPLE],
+        ["gpubox.commands.nvlink", EXAMPLE],
         ["gpubox.bench", "--inventory", EXAMPLE],
         ["gpubox.bench", "--inventory", EXAMPLE, "--llama-bench"],
         ["gpubox.bench", "--inventory", EXAMPLE, "--split-modes", "layer,row"],

@@ -1,4 +1,5 @@
-"""gpubox.reads: a read of the host that the deploy's pyinfra facts (gpubox.host_facts) and the
+"""gpubox.knowledge.reads: a read of the host that the deploy's pyinfra facts
+(gpubox.infra.host_facts) and the
 checks (gpubox.checks.facts) both make is one command and one parser, the same in both; and the
 reads' own parsers on real outputs (tests/fixtures, sources in tests/fixtures/SOURCES.md)."""
 
@@ -10,9 +11,11 @@ from typing import Any
 import pytest
 from helpers import REFERENCE
 
-from gpubox import host_facts, parsers, reads
+from gpubox import parsers
 from gpubox.checks.core import FACTS, Fact
 from gpubox.config import load_host_config, target_for
+from gpubox.infra import host_facts
+from gpubox.knowledge import reads
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 CONFIG = load_host_config("box", {**REFERENCE, "docker_users": ["alice", "bob"]})

@@ -1,6 +1,6 @@
 """The repair helpers and build rules, run for real in a temporary directory:
 
-- gpubox.host_facts.MissingPackageFiles' command against a dpkg database of its own (the real
+- gpubox.infra.host_facts.MissingPackageFiles' command against a dpkg database of its own (the real
   dpkg-query, pointed at it with --admindir): a deleted file of an installed package is
   named with its package and installed version; packages not installed are left out;
 - the build manifests (manifest_command / ManifestProblems) of gpu-burn and llama.cpp;
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.host_facts import ManifestProblems, MissingPackageFiles, manifest_command
+from gpubox.infra.host_facts import ManifestProblems, MissingPackageFiles, manifest_command
 from gpubox.plans import llamacpp as plan_llamacpp
 from gpubox.stages import llamacpp_build
 from gpubox.stages import tools as tools_stage

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubox.errors import DeployRefused, HostRefused, HostStopped
+from gpubox.base.errors import DeployRefused, HostRefused, HostStopped
 from gpubox.stages import run_stages
 
 

@@ -1,4 +1,4 @@
-"""gpubox.runfile: what NVIDIA's .run installer left on a box, judged against runfile_driver;
+"""gpubox.infra.runfile: what NVIDIA's .run installer left on a box, judged against runfile_driver;
 and the sandbox's stand-in of such an install (gpubox.sandbox.runfile_standin).
 
 The fact's output is taken three ways: recorded real outputs of its parts
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import runfile
 from gpubox.config import load_host_config, validate
-from gpubox.runfile import parse_runfile_state, problems
+from gpubox.infra import runfile
+from gpubox.infra.runfile import parse_runfile_state, problems
 from gpubox.sandbox import runfile_standin
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runfile"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import inventory
+from gpubox.remote import inventory
 from gpubox.sandbox import box, box_ssh, identity, processes
 
 

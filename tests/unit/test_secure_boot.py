@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import secure_boot
+from gpubox.knowledge import secure_boot
 from gpubox.parsers import ParseError
 from gpubox.parsers.secure_boot import (
     LoadedModule,
@@ -258,7 +258,7 @@ def test_one_modinfo_per_module_gives_what_modinfo_f_gives() -> None:
     (recorded output, its signature continuing over lines); an unsigned module has none."""
     import subprocess
 
-    from gpubox.secure_boot import _MODINFO_AWK
+    from gpubox.knowledge.secure_boot import _MODINFO_AWK
 
     recorded = (FIXTURES / "modinfo_signed_local.txt").read_text()
     unsigned = "filename:       /x/nvidia.ko\nlicense:        NVIDIA\nname:           nvidia\n"

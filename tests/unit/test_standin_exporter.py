@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubox import exporter_label
 from gpubox.checks import dcgm as dcgm_checks
 from gpubox.checks.core import Output, Reading, Recorded
 from gpubox.config import load_host_config
+from gpubox.knowledge import exporter_label
 from gpubox.sandbox import repo_debs
 
 HERE = repo_debs.PACKAGES_DIR / "dcgm-exporter"

@@ -10,10 +10,14 @@ import re
 import pytest
 from helpers import REFERENCE
 
-from gpubox import compat, inventory, parsers, preflight, users
+from gpubox import parsers
+from gpubox.base import compat
 from gpubox.cli import main
 from gpubox.config import KEYS, load_host_config, validate
 from gpubox.config.validation import gpu_model_suggestions
+from gpubox.knowledge import users
+from gpubox.preflight import gate as preflight
+from gpubox.remote import inventory
 
 MODEL = "qwen3-next-80b-a3b-thinking"
 

@@ -1,4 +1,4 @@
-"""The deploy's final checks (gpubox.verify): which checks, and the runner that carries a
+"""The deploy's final checks (gpubox.stages.verify): which checks, and the runner that carries a
 command's exit status through pyinfra's connection (here a real shell stands in for it)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import re
 import subprocess
 from types import SimpleNamespace
 
-from gpubox import checks, verify
+from gpubox import checks
+from gpubox.stages import verify
 
 
 class ShellHost:

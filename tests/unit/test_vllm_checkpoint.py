@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from helpers import serving
 
-from gpubox import layout, progress
+from gpubox.base import layout
+from gpubox.infra import progress
 from gpubox.plans import checkpoint, model_script
 from gpubox.sandbox import hub
 from gpubox.stages import model as model_stage

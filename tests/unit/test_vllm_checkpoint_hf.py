@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 from helpers import serving
 
-from gpubox import catalog, progress
+from gpubox import catalog
+from gpubox.infra import progress
 from gpubox.plans import checkpoint
 from gpubox.sandbox import hub, pypi
 from gpubox.sandbox.common import cache_dir

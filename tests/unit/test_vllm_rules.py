@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpubox import compat, vllm_rules
+from gpubox.base import compat
 from gpubox.config import validate
+from gpubox.knowledge import vllm_rules
 
 REFERENCE = {
     "gpu_model": "Tesla V100-SXM2-32GB",

@@ -1,6 +1,6 @@
 """What the vLLM stage judges on the box before it starts vLLM: the torch inside the pulled
-image (gpubox.torch_archs) and the downloaded checkpoint's quantization_config
-(gpubox.vllm_rules.checkpoint_problems), on recorded output and config.json shapes.
+image (gpubox.knowledge.torch_archs) and the downloaded checkpoint's quantization_config
+(gpubox.knowledge.vllm_rules.checkpoint_problems), on recorded output and config.json shapes.
 
 Where each recorded shape comes from is written beside it. The image's CUDA 12.9 torch is not
 on PyPI and no V100 is reachable here, so none of these was produced by gpubox's own command
@@ -13,7 +13,9 @@ import json
 
 import pytest
 
-from gpubox import catalog, compat, torch_archs, vllm_rules
+from gpubox import catalog
+from gpubox.base import compat
+from gpubox.knowledge import torch_archs, vllm_rules
 
 V100 = compat.GPU_MODELS["Tesla V100-SXM2-32GB"]
 T4 = compat.GPU_MODELS["Tesla T4"]

@@ -1,4 +1,5 @@
-"""The watchdog's script (gpubox.watchdog): its decision on recorded readings, run after run,
+"""The watchdog's script (gpubox.knowledge.watchdog): its decision on recorded readings, run after
+run,
 its probes against real sockets (a server that answers, one that never does: a frozen
 process), and one whole run with systemctl stood in."""
 
@@ -14,12 +15,12 @@ from typing import Any
 import pytest
 from helpers import REFERENCE
 
-from gpubox import watchdog
 from gpubox.checks import Output
 from gpubox.checks.core import Reading, Recorded
 from gpubox.config import HostConfig, load_host_config
 from gpubox.doctor.render import format_watchdog
 from gpubox.doctor.view import _describe_watchdog
+from gpubox.knowledge import watchdog
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "watchdog"
 UNIT = "gpubox-llama-server"

@@ -1,4 +1,6 @@
-"""gpubox bench: measure an OpenAI-compatible endpoint the way `vllm bench serve` does, and
+"""Layer 11, entry points: gpubox bench, the served API's speed and llama-bench's.
+
+gpubox bench: measure an OpenAI-compatible endpoint the way `vllm bench serve` does, and
 with --llama-bench llama.cpp's own benchmark on each host of an inventory.
 
 The modules, each one job:

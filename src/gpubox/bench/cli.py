@@ -34,13 +34,14 @@ from typing import Any
 
 import testinfra
 
-from gpubox import config, reach, tunnel
+from gpubox import config
 from gpubox.bench import llamabench, smoke, smoke_host
 from gpubox.bench.client import KEY_ENV, BenchError, Endpoint, EndpointUnreachable, normalize_url
 from gpubox.bench.llamabench import _runner
 from gpubox.bench.output import format_comparison, format_table, write_plot
 from gpubox.bench.records import host_url, save_record, summary_record
 from gpubox.bench.runner import Settings, bench_endpoint
+from gpubox.remote import reach, tunnel
 
 
 def _concurrency_list(text: str) -> list[int]:
@@ -181,7 +182,7 @@ SSH_KEYS = (
 INVENTORY_KEYS = (*SSH_KEYS, "api_host", "api_port", "api_key_file", "model_alias")
 _LOAD_INVENTORY = """
 import json, sys
-from gpubox import inventory
+from gpubox.remote import inventory
 keys = sys.argv[2:]
 try:
     hosts = inventory.load(sys.argv[1])

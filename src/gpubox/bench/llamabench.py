@@ -38,7 +38,8 @@ from typing import Any
 
 import testinfra
 
-from gpubox import config, inventory, layout, reach
+from gpubox import config
+from gpubox.base import layout
 from gpubox.bench.client import BenchError
 from gpubox.bench.llamabench_host import Plan, bench_host
 from gpubox.bench.llamabench_results import (
@@ -54,6 +55,7 @@ from gpubox.checks.facts import api_base
 from gpubox.config import LLAMA_SPLIT_MODES as SPLIT_MODES
 from gpubox.plans.llamacpp import llama_build
 from gpubox.plans.model import plan as model_plan
+from gpubox.remote import inventory, reach
 
 
 def host_plan(name: str, data: dict[str, Any]) -> Plan:
@@ -158,7 +160,7 @@ def main_hook(
     """Run llama-bench on every host of args.inventory, print its table beside the served
     figures (``reports``, by host name), keep the figures; (exit status, JSON-able results).
     Hosts in ``unreachable`` (already reported) and hosts whose SSH cannot be reached (one
-    line each, NAME: unreachable: WHY) are skipped. Exit status (gpubox.reach's codes
+    line each, NAME: unreachable: WHY) are skipped. Exit status (gpubox.remote.reach's codes
     combined): 0 measured, 1 a run failed or the server is not back, 2 nothing could be
     run, 3 a host unreachable; 130 interrupted."""
     if not (args.llama_bench or args.split_modes):

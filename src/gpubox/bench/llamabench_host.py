@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox import layout
+from gpubox.base import layout
 from gpubox.bench.health import Clock, Say, Sleep, restore_unit
 from gpubox.bench.llamabench_results import (
     N_GEN,

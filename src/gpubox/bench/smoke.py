@@ -6,7 +6,8 @@ recurrent state of Qwen3-Next's gated-delta-net layers kept in float32 rather th
 ``--dtype half`` the unit runs) and without. Each is the deployed unit's own ``docker run``
 (gpubox.stages.vllm.docker_argv: image, volumes, caches, key file) with those two flags
 varied, run as the container gpubox-vllm-smoke while gpubox-vllm is stopped. For each, once
-/health answers (progress lines while it loads), it sends gpubox.answer_sanity's short and long
+/health answers (progress lines while it loads), it sends gpubox.knowledge.answer_sanity's short
+and long
 prompts as streamed chat completions and measures the time to the first token and the decode
 speed; an answer that is not text (empty, ``!!!!!``, control bytes) marks the configuration
 failed. Then the deployed unit is started again, however the run ends, and /health awaited.
@@ -26,10 +27,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox import config, inventory, layout
+from gpubox import config
+from gpubox.base import layout
 from gpubox.bench.client import BenchError
 from gpubox.checks.facts import api_base
 from gpubox.plans import vllm as stage
+from gpubox.remote import inventory
 
 CONTAINER = "gpubox-vllm-smoke"
 ENV_FILE = "/run/gpubox-vllm-smoke.env"  # root only (umask 077), removed at the end

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpubox import answer_sanity
 from gpubox.bench.client import Endpoint, stream_request
 from gpubox.bench.health import (
     Clock,
@@ -24,7 +23,8 @@ from gpubox.bench.health import (
 from gpubox.bench.metrics import tpot
 from gpubox.bench.smoke import CONTAINER, ENV_FILE, MAX_TOKENS, Plan, Row
 from gpubox.checks import Runner
-from gpubox.openai_shape import Answer
+from gpubox.knowledge import answer_sanity
+from gpubox.knowledge.openai_shape import Answer
 
 WARM_UP_TOKENS = 16
 LOG_TAIL = 20  # lines of a failed container's log brought back
@@ -44,7 +44,7 @@ class HostSmoke:
 def measure(endpoint: Endpoint, row: Row, max_tokens: int = MAX_TOKENS) -> None:
     """One unmeasured request, then both prompts, streamed one after the other: TTFT of
     each, the decode speed (1 / TPOT, the mean of the two; llama.cpp's own figure beside it),
-    and what is wrong with an answer (gpubox.answer_sanity)."""
+    and what is wrong with an answer (gpubox.knowledge.answer_sanity)."""
     speeds, server = [], []
     # one request first, not counted: a fresh vLLM compiles kernels on its first requests
     # (the deploy's warm-up does that for the unit; the smoke containers have none)

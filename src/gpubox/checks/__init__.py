@@ -1,9 +1,11 @@
-"""One set of checks on a box, used by ``pytest tests/host``, ``gpubox doctor`` and the end of
+"""Layer 6, checks: the checks on a box (facts, judges, fixes): verify, doctor, deploy.
+
+One set of checks on a box, used by ``pytest tests/host``, ``gpubox doctor`` and the end of
 ``deploy/full.py``.
 
 - ``core``: Fact, Check, Finding, Verdict, the lazily read ``Facts`` of a host, ``judge``.
 - ``facts``: every command a check or doctor reads on a host, and its parser (a read the
-  deploy's pyinfra facts make too is gpubox.reads', ``Fact.of``).
+  deploy's pyinfra facts make too is gpubox.knowledge.reads', ``Fact.of``).
 - ``driver``, ``secure_boot``, ``cuda``, ``docker``, ``dcgm``, ``tools``, ``backend``,
   ``watchdog``, ``panel``: the checks, by stage.
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
-from gpubox import answer_sanity, layout, openai_shape, vllm_rules
+from gpubox.base import layout
 from gpubox.checks.core import Check, Finding, Reading, Skip
 from gpubox.config import HostConfig
+from gpubox.knowledge import answer_sanity, openai_shape, vllm_rules
 from gpubox.plans import model
 from gpubox.plans import vllm as stage
 from gpubox.plans.llamacpp import llama_build as build
@@ -109,7 +110,8 @@ def streams_tokens(c: HostConfig, r: Reading) -> str | None:
 
 
 def sane(c: HostConfig, r: Reading) -> list[Finding]:
-    """Both prompts of gpubox.answer_sanity answered with text: not empty, not one character
+    """Both prompts of gpubox.knowledge.answer_sanity answered with text: not empty, not one
+    character
     repeated (vLLM #10656: ``!!!!!`` to short prompts on Volta and Turing), not bytes."""
     problems = []
     for which in answer_sanity.PROMPTS:
@@ -196,7 +198,7 @@ def model_checksum(c: HostConfig, r: Reading) -> str | None:
 
 def tool_call(stream: bool):
     """A judge: a request with a tool and tool_choice "auto" gets an OpenAI tool call
-    (gpubox.openai_shape absorbs how llama.cpp's and vLLM's answers differ)."""
+    (gpubox.knowledge.openai_shape absorbs how llama.cpp's and vLLM's answers differ)."""
     fact = "tool_call_streamed" if stream else "tool_call_whole"
 
     def judge(c: HostConfig, r: Reading) -> str | None:

@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpubox import parsers, reads
+from gpubox import parsers
 from gpubox.config import HostConfig, Target, target_for
+from gpubox.knowledge import reads
 
 NOT_FOUND = 127  # the shell's "command not found"
 
@@ -81,7 +82,8 @@ class Fact:
         args: Callable[[HostConfig, Target | None], tuple[Any, ...] | None] | None = None,
         **options: Any,
     ) -> Fact:
-        """The fact of one of gpubox.reads' reads (the command and parser the deploy's pyinfra
+        """The fact of one of gpubox.knowledge.reads' reads (the command and parser the deploy's
+        pyinfra
         fact runs too): ``args`` gives the read's arguments for a host, None where it is not
         read there (no arguments, every host, without ``args``)."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpubox import layout
+from gpubox.base import layout
 from gpubox.checks.core import Check, Reading
 from gpubox.config import HostConfig
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 
-from gpubox import layout
+from gpubox.base import layout
 from gpubox.checks.core import Check, Reading
 from gpubox.checks.docker import pinned_and_held
 from gpubox.checks.driver import service_up
 from gpubox.checks.facts import NVLINK_FIELDS
 from gpubox.config import HostConfig
-from gpubox.exporter_label import hostname_labels
+from gpubox.knowledge.exporter_label import hostname_labels
 
 _LOCAL = re.compile(r"^(127\.\d+\.\d+\.\d+|\[::1\]):\d+$")
 
@@ -60,7 +60,7 @@ def exporter(c: HostConfig, r: Reading) -> list[str]:
 
 def exporter_hostname(c: HostConfig, r: Reading) -> str | None:
     """Every Hostname label on /metrics is the box's own name (the exporter takes it from
-    --remote-hostengine-info: gpubox.exporter_label)."""
+    --remote-hostengine-info: gpubox.knowledge.exporter_label)."""
     name = r.get("hostname")
     labels = hostname_labels(r.get("exporter_metrics"))
     if not labels:

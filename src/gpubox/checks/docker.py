@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gpubox import layout
+from gpubox.base import layout
 from gpubox.checks.core import Check, Finding, Reading, Skip
 from gpubox.checks.driver import service_up
 from gpubox.checks.facts import DAEMON_RELOAD_CONTAINER

@@ -6,7 +6,8 @@ import contextlib
 import itertools
 import re
 
-from gpubox import kernels, layout, parsers
+from gpubox import parsers
+from gpubox.base import kernels, layout
 from gpubox.checks.core import Check, Finding, Reading, Unreadable
 from gpubox.config import HostConfig
 

@@ -10,14 +10,16 @@ import json
 import shlex
 from typing import Any
 
-from gpubox import answer_sanity, layout, openai_shape, panel, parsers, reads, vllm_rules
+from gpubox import parsers
+from gpubox.base import layout
 from gpubox.checks.core import Fact, fact
 from gpubox.config import HostConfig, Target
+from gpubox.knowledge import answer_sanity, openai_shape, panel, reads, vllm_rules
+from gpubox.knowledge.reads import section
 from gpubox.parsers import parse_sections
 from gpubox.plans import model
 from gpubox.plans import vllm as vllm_stage
 from gpubox.plans.llamacpp import llama_build
-from gpubox.reads import section
 
 QUERY_FIELDS = list(reads.GPU_QUERY_FIELDS)
 APPS_FIELDS = ["gpu_uuid", "pid", "process_name", "used_memory"]
@@ -174,7 +176,7 @@ def _chat(config: HostConfig, target: Target | None) -> str:
 
 
 def _sane(which: str) -> Any:
-    """One of backend.sane's two prompts (gpubox.answer_sanity), answered whole."""
+    """One of backend.sane's two prompts (gpubox.knowledge.answer_sanity), answered whole."""
 
     def command(config: HostConfig, target: Target | None) -> str | None:
         if config.backend == "none":
@@ -326,7 +328,8 @@ fact(
     Fact("vllm_inspect", _vllm(f"docker inspect {layout.VLLM}"), parse_inspect),
     Fact("vllm_cache_files", _vllm_cache_files, parse_sections),
     Fact("vllm_compat", _vllm_compat, active=True),
-    # the optional server panel (gpubox.panel): units, 1pctl, user-info filtered on the box,
+    # the optional server panel (gpubox.knowledge.panel): units, 1pctl, user-info filtered on the
+    # box,
     # the agent's socket and the login page on the entrance
     Fact("panel", _panel, panel.parse_state),
 )

@@ -5,10 +5,10 @@ the page on the box with the entrance read from its file there, and no check pri
 
 from __future__ import annotations
 
-from gpubox import layout
-from gpubox import panel as rules
+from gpubox.base import layout
 from gpubox.checks.core import Check, Finding, Reading
 from gpubox.config import HostConfig
+from gpubox.knowledge import panel as rules
 
 
 def wanted(c: HostConfig) -> str | None:

@@ -1,11 +1,11 @@
 """Secure Boot: the NVIDIA modules are signed by DKMS's enrolled key and verified by the
-kernel (deploy/driver.py signs them; gpubox.secure_boot holds the rules)."""
+kernel (deploy/driver.py signs them; gpubox.knowledge.secure_boot holds the rules)."""
 
 from __future__ import annotations
 
-from gpubox import secure_boot
 from gpubox.checks.core import Check, Reading, Skip
 from gpubox.config import HostConfig
+from gpubox.knowledge import secure_boot
 
 
 def modules_signed(c: HostConfig, r: Reading) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from gpubox import layout
+from gpubox.base import layout
 from gpubox.checks.core import Check, Reading, Skip
 from gpubox.config import HostConfig
 

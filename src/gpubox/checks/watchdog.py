@@ -1,16 +1,17 @@
 """Checks of the API server's watchdog (deploy/watchdog.py): its timer runs; its record (the
-restart count doctor shows) is gpubox.watchdog's state file."""
+restart count doctor shows) is gpubox.knowledge.watchdog's state file."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from gpubox import layout, reads
+from gpubox.base import layout
 from gpubox.checks.core import Check, Fact, Finding, Reading, fact
 from gpubox.config import HostConfig
+from gpubox.knowledge import reads
+from gpubox.knowledge.reads import section
 from gpubox.parsers import parse_sections, parse_unit_states
-from gpubox.reads import section
 
 
 def parse_watchdog(text: str) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Every host data key gpubox reads: name, type, default and a one-line doc, declared once.
+"""Layer 3, configuration: every inventory key, its rules, and the typed HostConfig.
+
+Every host data key gpubox reads: name, type, default and a one-line doc, declared once.
 
 Inventory host data -> ``validate`` (all problems at once) -> ``HostConfig`` (typed, defaults
 and catalog values resolved). The stages and the host checks both read a ``HostConfig``, so

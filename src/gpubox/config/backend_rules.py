@@ -8,9 +8,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gpubox import compat, vllm_rules
+from gpubox.base import compat
 from gpubox.config.host import Problem
 from gpubox.config.keys import MODEL_REPO
+from gpubox.knowledge import vllm_rules
 
 
 def backend_problems(
@@ -71,7 +72,7 @@ def backend_problems(
     vllm_version = ""
     if values["backend"] == "vllm":
         # What the vLLM unit runs: the image's tag, its CUDA, the checkpoint and whether it
-        # fits (gpubox.vllm_rules); compat judges the version and quantisation it reports.
+        # fits (gpubox.knowledge.vllm_rules); compat judges the version and quantisation it reports.
         vllm_version, findings = vllm_rules.check(values, host_catalog, model, skip=invalid)
         problems += [Problem(host, f.key, f.message, f.severity) for f in findings]
         flag = vllm_rules.quantization_flag(model)

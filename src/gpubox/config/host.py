@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox import compat
+from gpubox.base import compat
 from gpubox.config.fields import KeyFields
 
 

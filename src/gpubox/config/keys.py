@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox import compat
+from gpubox.base import compat
 
 
 @dataclass(frozen=True)

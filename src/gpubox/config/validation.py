@@ -9,7 +9,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpubox import catalog, compat
+from gpubox import catalog
+from gpubox.base import compat
 from gpubox.config.backend_rules import backend_problems
 from gpubox.config.host import ConfigError, HostConfig, Problem
 from gpubox.config.keys import KEYS, KEYS_BY_NAME, Key
@@ -258,7 +259,7 @@ def _docker_users_problems(
 # 1Panel's rule for the user and the entrance (1Panel-dev/installer install.sh at
 # aa4a6bbf24ae0fd938b32294672f5086f940e483, Set_Entrance and Set_Username).
 PANEL_NAME = re.compile(r"[a-zA-Z0-9_]{3,30}")
-# nv-hostengine's port on the box (gpubox.layout.HOSTENGINE_PORT; a unit test keeps
+# nv-hostengine's port on the box (gpubox.base.layout.HOSTENGINE_PORT; a unit test keeps
 # them equal): the panel must not take it.
 HOSTENGINE_PORT = 5555
 

@@ -5,10 +5,10 @@ The inventory is validated first (every host, every problem at once), then each 
 preflights its host; a refused run changes nothing. Among several hosts, a host refused by its
 preflight fails alone and the others converge in the same run. Burn-in: deploy/burnin.py.
 The run ends with the quick checks of gpubox.checks (verify_after_deploy, on by default).
-The stages' order is gpubox.deploying.FULL_STAGES; $GPUBOX_STAGES (gpubox deploy --stage)
+The stages' order is gpubox.commands.deploying.FULL_STAGES; $GPUBOX_STAGES (gpubox deploy --stage)
 runs some of them."""
 
-from gpubox.deploying import chosen
+from gpubox.commands.deploying import chosen
 from gpubox.stages import current_config, run_stages
 from gpubox.stages.backend import backend
 from gpubox.stages.container_toolkit import container_toolkit
@@ -19,9 +19,9 @@ from gpubox.stages.driver import driver
 from gpubox.stages.model import model_download
 from gpubox.stages.panel import panel
 from gpubox.stages.tools import tools
+from gpubox.stages.verify import verify
 from gpubox.stages.vllm_image import vllm_image_pull
 from gpubox.stages.watchdog import watchdog
-from gpubox.verify import verify
 
 STAGES = {
     getattr(stage, "__name__", ""): stage

@@ -1,4 +1,6 @@
-"""`gpubox doctor INVENTORY [--json]`: the whole box on one screen per host, and every way it
+"""Layer 11, entry points: gpubox doctor, the whole box on one screen per host.
+
+`gpubox doctor INVENTORY [--json]`: the whole box on one screen per host, and every way it
 differs from its inventory, each with the command that fixes it. Read-only.
 
 The verdicts are gpubox.checks' (the same checks ``pytest tests/host`` runs), all but those

@@ -1,7 +1,7 @@
 """`gpubox doctor INVENTORY [--json]`: read each host (read-only), judge it with the checks that
 do not act on the box, and print its screen or one JSON document.
 
-Exit status (gpubox.reach's codes; across hosts the first of 2, 3, 1, 0): 0 when no host
+Exit status (gpubox.remote.reach's codes; across hosts the first of 2, 3, 1, 0): 0 when no host
 deviates, 1 when one does, 2 when the inventory is unusable (nothing contacted), 3 when a host
 cannot be reached: one line for it, NAME: unreachable: WHY, and nothing else judged."""
 
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpubox import bench, checks, inventory, reach
+from gpubox import bench, checks
 from gpubox.checks.core import FACTS, Unreachable
 from gpubox.config import ConfigError, HostConfig, load_host_config
 from gpubox.doctor.render import (
@@ -25,6 +25,7 @@ from gpubox.doctor.render import (
     render_text,
 )
 from gpubox.doctor.view import describe
+from gpubox.remote import inventory, reach
 
 
 def doctor_checks() -> list[checks.Check]:

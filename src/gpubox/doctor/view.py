@@ -10,11 +10,13 @@ import datetime
 import json
 from typing import Any
 
-from gpubox import kernels, layout, parsers, secure_boot
+from gpubox import parsers
+from gpubox.base import kernels, layout
 from gpubox.checks.core import FACTS, Facts, Output, Reading, Recorded, Unreadable
 from gpubox.checks.facts import api_base
 from gpubox.config import HostConfig, target_for
-from gpubox.panel import PanelState
+from gpubox.knowledge import secure_boot
+from gpubox.knowledge.panel import PanelState
 
 BACKEND_UNITS = layout.BACKEND_UNITS
 
@@ -345,7 +347,7 @@ def _describe_backend(
 
 def _describe_watchdog(r: Reading, config: HostConfig) -> dict[str, Any]:
     """The watchdog's timer and its record: how often it restarted the server, the last time
-    and why (gpubox.watchdog's state file)."""
+    and why (gpubox.knowledge.watchdog's state file)."""
     view: dict[str, Any] = {
         "wanted": config.backend != "none" and config.watchdog,
         "active": None,
@@ -373,7 +375,8 @@ def _describe_watchdog(r: Reading, config: HostConfig) -> dict[str, Any]:
 
 
 def _describe_panel(r: Reading, config: HostConfig) -> dict[str, Any] | None:
-    """The server panel (gpubox.panel), when the inventory asks for one: its version, units,
+    """The server panel (gpubox.knowledge.panel), when the inventory asks for one: its version,
+    units,
     port, agent socket and login page (never its entrance or password)."""
     if config.panel == "none":
         return None
@@ -414,7 +417,7 @@ def _describe_burnin(r: Reading, now: datetime.datetime) -> dict[str, Any]:
 
 def _describe_secure_boot(r: Reading) -> dict[str, Any]:
     """Secure Boot's state, DKMS's signing key (enrolled?), and the NVIDIA modules' signer and
-    taint (gpubox.secure_boot)."""
+    taint (gpubox.knowledge.secure_boot)."""
     view: dict[str, Any] = {"enabled": None, "error": None}
     out = r.facts.get("sb_state")
     if out is None or out.rc != 0:

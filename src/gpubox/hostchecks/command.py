@@ -1,12 +1,12 @@
 """`gpubox verify INVENTORY [-m MARKER] [-k EXPR]`: the packaged host checks through pytest.
 
 The inventory is validated first (a bad one exits 2, nothing contacted); every host is probed
-at once (``gpubox.reach.probe``, within the SSH timeout), and one that cannot be reached is
+at once (``gpubox.remote.reach.probe``, within the SSH timeout), and one that cannot be reached is
 one line, ``NAME: unreachable: WHY``, and no check. The reachable hosts are then checked by
 pytest (its output), one test per host and check.
 
 Exit: 0 every check passed, 1 a host deviates, 2 bad input (nothing contacted, or a selection
-that selects no check), 3 a host unreachable (before 1: the order of gpubox.reach)."""
+that selects no check), 3 a host unreachable (before 1: the order of gpubox.remote.reach)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from gpubox import reach
-from gpubox.deploying import probe_all
+from gpubox.commands.deploying import probe_all
 from gpubox.hostchecks import plugin
+from gpubox.remote import reach
 
 HERE = Path(__file__).resolve().parent
 

@@ -6,7 +6,7 @@ config the deploy uses), over SSH with testinfra's paramiko backend, by the chec
 gpubox.checks: the same checks doctor renders. One test per host and check, its id
 ``HOST:CHECK`` (``sandbox:driver.held``), marked quick, gpu, slow or burn as the check is.
 
-Each host is probed first (``gpubox.reach.probe``, every host at once, within the SSH
+Each host is probed first (``gpubox.remote.reach.probe``, every host at once, within the SSH
 timeout). A host that cannot be reached gets one test, ``HOST:unreachable``, that fails with
 ``HOST: unreachable: WHY`` whatever ``-m`` or ``-k`` select, and no check is judged on it.
 ``--collect-only`` probes nothing (every check is listed)."""
@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import testinfra
 
-from gpubox import checks, inventory, reach
+from gpubox import checks
+from gpubox.commands.deploying import probe_all
 from gpubox.config import HostConfig, load_host_config
-from gpubox.deploying import probe_all
+from gpubox.remote import inventory, reach
 
 MARKERS = {
     "quick": "fast host checks (a few seconds per host)",

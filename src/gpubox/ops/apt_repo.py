@@ -1,7 +1,7 @@
 """Third-party apt repositories (NVIDIA's CUDA and container toolkit repositories, Docker's):
 a signed-by keyring whose fingerprint the catalog pins (never apt-key), one source file, and
 `apt update` only when the source, the key or a pin changed. Each repository is handled once
-per host and run, whichever stage needs it first. The line itself is gpubox.apt_sources'."""
+per host and run, whichever stage needs it first. The line itself is gpubox.rules.apt_sources'."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import Any
 from pyinfra import host
 from pyinfra.operations.util import any_changed
 
-from gpubox import dpkg_ready, operations
-from gpubox.apt_sources import placeholders, source_line
 from gpubox.config import HostConfig, Target
-from gpubox.operations import ManagedFiles
+from gpubox.infra import operations
+from gpubox.infra.operations import ManagedFiles
+from gpubox.preflight import dpkg_ready
+from gpubox.rules.apt_sources import placeholders, source_line
 
 _done: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pyinfra.operations import apt
 
-from gpubox import operations
+from gpubox.infra import operations
 
 
 def install_pinned(

@@ -11,9 +11,9 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.operations import server, systemd
 
-from gpubox import reads
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput
+from gpubox.infra.host_facts import CommandOutput
+from gpubox.knowledge import reads
 from gpubox.ops import units
 
 

@@ -1,4 +1,6 @@
-"""Pure parsers of the command outputs gpubox reads from a host, one module per source:
+"""Layer 1, leaves: pure parsers of the command outputs gpubox reads from a host.
+
+Pure parsers of the command outputs gpubox reads from a host, one module per source:
 
 - ``nvidia_smi``: nvidia-smi's table, -L, --query-gpu, nvlink -s, topo -m and its error
   messages;

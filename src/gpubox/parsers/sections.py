@@ -1,5 +1,6 @@
 """gpubox's own multi-command outputs: several commands run in one round trip, each output
-started by a line ``@@gpubox NAME`` (``gpubox.reads.section(NAME)`` is the command that prints
+started by a line ``@@gpubox NAME`` (``gpubox.knowledge.reads.section(NAME)`` is the command that
+prints
 it), read back into one text per name."""
 
 from __future__ import annotations

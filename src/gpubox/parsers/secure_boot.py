@@ -1,6 +1,6 @@
 """Secure Boot and module signing: mokutil --test-key, `openssl x509 -serial -subject`,
 `modinfo -F signer/sig_key`, /sys/module/*/taint and the Secure Boot section of the
-`MokKey` fact (gpubox.secure_boot.state_command).
+`MokKey` fact (gpubox.knowledge.secure_boot.state_command).
 
 Sources of the texts (tests/fixtures/secureboot, tests/fixtures/SOURCES.md):
 
@@ -133,7 +133,7 @@ def _fields(rest: str) -> dict[str, str]:
 
 
 def parse_mok_state(text: str) -> MokState:
-    """The MokKey fact's output (gpubox.secure_boot.state_command): ``KEY path``, ``CERT
+    """The MokKey fact's output (gpubox.knowledge.secure_boot.state_command): ``KEY path``, ``CERT
     path``, ``KEY-EXISTS``, ``CERT-EXISTS``, ``USP`` (update-secureboot-policy is there),
     ``MOKUTIL`` (mokutil is there), ``SHIM-VALIDATION-DISABLED``, ``TEST line`` (mokutil
     --test-key CERT), ``X509 line`` (openssl), ``MOD path<TAB>name=..<TAB>signer=..<TAB>

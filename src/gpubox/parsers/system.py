@@ -176,7 +176,8 @@ def parse_secure_boot(text: str) -> bool | None:
 
 
 def parse_user_groups(text: str) -> dict[str, list[str] | None]:
-    """gpubox.users.groups_command's output, one ``NAME:GROUP...`` line per user (`id -nG`):
+    """gpubox.knowledge.users.groups_command's output, one ``NAME:GROUP...`` line per user (`id
+    -nG`):
     each user's groups, None for a user the box lacks (a user always has a group of its
     own)."""
     found: dict[str, list[str] | None] = {}

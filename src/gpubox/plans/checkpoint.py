@@ -38,7 +38,7 @@ import shlex
 import urllib.parse
 from dataclasses import dataclass
 
-from gpubox import layout
+from gpubox.base import layout
 from gpubox.config import HostConfig
 from gpubox.plans import model_script
 

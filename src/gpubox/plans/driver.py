@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpubox.base.rendering import render
 from gpubox.config import HostConfig, Target
 from gpubox.parsers.apt import parse_stanzas
-from gpubox.rendering import render
 
 
 class DriverUnavailable(Exception):

@@ -28,7 +28,7 @@ BUILD-INFO: turning the cache on or off never forces a rebuild by itself.
 NCCL: with CUDA on and more than one GPU, the build asks for NCCL (``-DGGML_CUDA_NCCL=ON``;
 llama.cpp's all-reduces of ``-sm tensor`` go through it) and refuses to finish when CMake did
 not find it (llama.cpp would only warn, and serve slower); the CUDA stage installs it
-(gpubox.nccl). One GPU, or a CPU build: ``OFF``, so what is linked never depends on what
+(gpubox.rules.nccl). One GPU, or a CPU build: ``OFF``, so what is linked never depends on what
 else happens to be installed. The flag is in BUILD-INFO: adding NCCL rebuilds."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox import nccl
 from gpubox.config import HostConfig
+from gpubox.rules import nccl
 
 BUILD_INFO = "BUILD-INFO.json"
 BUILD_FILES = "BUILD-FILES"  # size of each file of bin/, recorded after a complete build

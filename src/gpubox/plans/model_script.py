@@ -9,7 +9,7 @@ import shlex
 import urllib.parse
 from dataclasses import dataclass
 
-from gpubox import layout
+from gpubox.base import layout
 
 # huggingface_hub's own progress bars stay off (the long step reports progress), and so do the
 # CLI's update check and telemetry (calls to pypi.org and the Hub that a mirror does not serve).

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 import shlex
 
-from gpubox import layout, vllm_rules
+from gpubox.base import layout
 from gpubox.config import HostConfig
+from gpubox.knowledge import vllm_rules
 from gpubox.plans import checkpoint
 
 CACHE_DIR = layout.VLLM_CACHE_DIR

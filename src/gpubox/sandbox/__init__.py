@@ -1,4 +1,6 @@
-"""The sandbox: a local stand-in box to try and test gpubox on.
+"""Layer 11, entry points: gpubox sandbox, a local stand-in box to try gpubox on.
+
+The sandbox: a local stand-in box to try and test gpubox on.
 
 A Debian 12 systemd host in systemd-nspawn, in its own network namespace, reached over SSH
 like any other host, plus a stand-in NVIDIA apt repository and stand-in GPUs, the catalog's

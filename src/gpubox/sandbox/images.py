@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpubox import exporter_label
+from gpubox.knowledge import exporter_label
 from gpubox.sandbox import repo_debs
 from gpubox.sandbox.box_ssh import ssh
 from gpubox.sandbox.common import SandboxError, SandboxNotUp

@@ -1,6 +1,6 @@
 """The sandbox's stand-in for a driver installed by NVIDIA's ``.run`` installer: ``plant``
 writes into a box's root filesystem what such an install leaves (the facts and their sources
-are in gpubox.runfile's docstring), so a deploy meets it as it would on a real box.
+are in gpubox.infra.runfile's docstring), so a deploy meets it as it would on a real box.
 
 What is planted (``root`` is the box's root directory on the host; V is ``version``):
 

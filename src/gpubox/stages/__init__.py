@@ -1,4 +1,6 @@
-"""The stages: one module per stage, each exposing one @deploy function.
+"""Layer 10, stages: one module per stage, each one @deploy; the deploy's final checks.
+
+The stages: one module per stage, each exposing one @deploy function.
 
 ``current_config()`` validates the whole inventory once per run (every problem at once) and
 returns the current host's typed config; it raises before any operation is added, so a
@@ -12,9 +14,9 @@ from collections.abc import Callable
 from pyinfra import host, inventory
 from pyinfra.context import ctx_host
 
-from gpubox import outcome, readahead
+from gpubox.base.errors import DeployRefused, HostRefused, HostStopped
 from gpubox.config import HostConfig, Problem, validate
-from gpubox.errors import DeployRefused, HostRefused, HostStopped
+from gpubox.infra import outcome, readahead
 
 __all__ = ["current_config", "run_stages"]
 
@@ -25,7 +27,7 @@ def run_stages(*stages: Callable[[], object]) -> None:
     are skipped and the other hosts go on. A host whose stage stops it on purpose (HostStopped:
     its operations so far run, the last one fails with the owner's next step) plans no further
     stage either."""
-    readahead.install()  # a no-op run reads the box once (gpubox.readahead)
+    readahead.install()  # a no-op run reads the box once (gpubox.infra.readahead)
     # pyinfra names an operation by the line numbers of its call stack, not the files: two
     # stages adding an operation at the same line of their modules get the same name, and
     # hosts of one run that add different sets of operations (a fresh box beside converged

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from gpubox import layout
+from gpubox.base import layout
 from gpubox.ops.serving import stop_other
 from gpubox.stages import current_config
 from gpubox.stages.llamacpp import llamacpp

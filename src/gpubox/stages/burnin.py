@@ -15,7 +15,9 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 
-from gpubox import layout, parsers, preflight
+from gpubox import parsers
+from gpubox.base import layout
+from gpubox.preflight import gate as preflight
 from gpubox.stages import current_config
 
 

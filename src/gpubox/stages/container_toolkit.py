@@ -16,14 +16,17 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from gpubox import answers, layout, operations, preflight
+from gpubox.base import layout
+from gpubox.base.rendering import FILES, render
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput
-from gpubox.operations import ManagedFiles
+from gpubox.infra import operations
+from gpubox.infra.host_facts import CommandOutput
+from gpubox.infra.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.ops.apt_repo import apt_repo
 from gpubox.ops.packages import install_pinned
-from gpubox.rendering import FILES, render
+from gpubox.preflight import answers
+from gpubox.preflight import gate as preflight
 from gpubox.stages import current_config
 from gpubox.stages.docker import reload_docker
 

@@ -5,7 +5,7 @@ gone missing (apt still counts the package installed) is put back by reinstallin
 at the installed version.
 
 With llama.cpp built for CUDA on more than one GPU, NCCL too (libnccl2, libnccl-dev: the build
-for the box's CUDA, one exact version installed and held; gpubox.nccl says how the catalog's
+for the box's CUDA, one exact version installed and held; gpubox.rules.nccl says how the catalog's
 pattern becomes that version)."""
 
 from __future__ import annotations
@@ -20,13 +20,18 @@ from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server
 
-from gpubox import answers, apt_versions, layout, nccl, operations, preflight, progress
+from gpubox.base import layout
+from gpubox.base.errors import DeployRefused
+from gpubox.base.rendering import render
 from gpubox.config import HostConfig, Target
-from gpubox.errors import DeployRefused
-from gpubox.operations import ManagedFiles
+from gpubox.infra import operations, progress
+from gpubox.infra.operations import ManagedFiles
+from gpubox.knowledge import apt_versions
 from gpubox.ops.apt_repo import nvidia_repo
 from gpubox.ops.packages import install_pinned
-from gpubox.rendering import render
+from gpubox.preflight import answers
+from gpubox.preflight import gate as preflight
+from gpubox.rules import nccl
 from gpubox.stages import current_config
 
 # The paths under the names the plan tests use.

@@ -10,17 +10,19 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
-from gpubox import answers, layout, preflight
+from gpubox.base import layout
+from gpubox.base.rendering import render
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput
-from gpubox.operations import ManagedFiles
+from gpubox.infra.host_facts import CommandOutput
+from gpubox.infra.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.ops.apt_repo import nvidia_repo
 from gpubox.ops.packages import install_pinned
-from gpubox.rendering import render
+from gpubox.preflight import answers
+from gpubox.preflight import gate as preflight
 from gpubox.stages import current_config
 
-# Where nv-hostengine listens (gpubox.layout, where the checks read it too).
+# Where nv-hostengine listens (gpubox.base.layout, where the checks read it too).
 HOSTENGINE_ADDRESS = layout.HOSTENGINE_ADDRESS
 HOSTENGINE_PORT = layout.HOSTENGINE_PORT
 
@@ -33,7 +35,8 @@ def listen_address(address: str, port: int) -> str:
 def exporter_unit(config: HostConfig) -> str:
     """The dcgm-exporter unit: the host's network, the host's engine, named by the host's name
     (read at each start) so that the exporter's Hostname label is the box's
-    (gpubox.exporter_label), and that name mapped to the engine's address in the container."""
+    (gpubox.knowledge.exporter_label), and that name mapped to the engine's address in the
+    container."""
     return render(
         "dcgm-exporter.service.j2",
         image=config.catalog["dcgm"]["exporter_image"],

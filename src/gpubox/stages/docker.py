@@ -17,12 +17,15 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
-from gpubox import answers, layout, operations, preflight
-from gpubox.apt_sources import placeholders
+from gpubox.base import layout
 from gpubox.config import HostConfig, Target
-from gpubox.host_facts import DockerEngine, UserGroups, read_once
+from gpubox.infra import operations
+from gpubox.infra.host_facts import DockerEngine, UserGroups, read_once
 from gpubox.ops import units
 from gpubox.ops.apt_repo import apt_repo
+from gpubox.preflight import answers
+from gpubox.preflight import gate as preflight
+from gpubox.rules.apt_sources import placeholders
 from gpubox.stages import current_config
 
 GROUP = layout.DOCKER_GROUP

@@ -12,22 +12,13 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import apt, server
 
-from gpubox import (
-    answers,
-    desktop,
-    driver_replacement,
-    kernels,
-    layout,
-    operations,
-    parsers,
-    preflight,
-    reads,
-    runfile,
-    secure_boot,
-)
+from gpubox import parsers
+from gpubox.base import kernels, layout
+from gpubox.base.errors import HostStopped
+from gpubox.base.rendering import FILES, render
 from gpubox.config import HostConfig, Target
-from gpubox.errors import HostStopped
-from gpubox.host_facts import (
+from gpubox.infra import operations, runfile
+from gpubox.infra.host_facts import (
     CommandOutput,
     KernelMetas,
     KernelModuleLoaded,
@@ -37,12 +28,15 @@ from gpubox.host_facts import (
     SecureBoot,
     read_once,
 )
-from gpubox.operations import ManagedFiles
+from gpubox.infra.operations import ManagedFiles
+from gpubox.knowledge import reads, secure_boot
 from gpubox.ops import units
 from gpubox.ops.apt_repo import nvidia_repo
 from gpubox.ops.packages import install_pinned
 from gpubox.plans import driver as driver_plan
-from gpubox.rendering import FILES, render
+from gpubox.preflight import answers, driver_replacement
+from gpubox.preflight import gate as preflight
+from gpubox.rules import desktop
 from gpubox.stages import current_config
 
 # The paths under the names the plan tests use.
@@ -177,7 +171,7 @@ def driver() -> None:
         # Persistence switched by hand since (nvidia-smi -pm): set it back on the running
         # driver; after a start or a reboot the drop-in's ExecStartPost does it.
         want = "Enabled" if config.persistence_mode else "Disabled"
-        try:  # the checks' own read of the GPUs (gpubox.reads.GPU_QUERY)
+        try:  # the checks' own read of the GPUs (gpubox.knowledge.reads.GPU_QUERY)
             gpus = reads.GPU_QUERY.parse(
                 host.get_fact(CommandOutput, command=reads.GPU_QUERY.command_for())
             )
@@ -195,7 +189,7 @@ def driver() -> None:
 
 def secure_boot_gate(config: HostConfig, target: Target) -> None:
     """With Secure Boot on, the module DKMS builds must be signed by an enrolled key
-    (gpubox.secure_boot): go on, refuse, or create the key if missing and stop before the
+    (gpubox.knowledge.secure_boot): go on, refuse, or create the key if missing and stop before the
     driver with the enrollment steps (HostStopped: the operations so far run, then the stop)."""
     enabled = read_once(SecureBoot)
     if not enabled:

@@ -11,14 +11,14 @@ from typing import Any
 from pyinfra import host
 from pyinfra.operations import server
 
-from gpubox import layout
+from gpubox.base import layout
+from gpubox.base.rendering import render
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput
-from gpubox.operations import ManagedFiles
+from gpubox.infra.host_facts import CommandOutput
+from gpubox.infra.operations import ManagedFiles
 from gpubox.ops import serving, units
 from gpubox.plans import llamacpp as plan_llamacpp
 from gpubox.plans.model import plan as model_plan
-from gpubox.rendering import render
 from gpubox.stages import llamacpp_build
 
 

@@ -11,9 +11,9 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.operations import apt, server
 
-from gpubox import nccl, progress
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput, ManifestProblems, manifest_command
+from gpubox.infra import progress
+from gpubox.infra.host_facts import CommandOutput, ManifestProblems, manifest_command
 from gpubox.plans.llamacpp import (
     BUILD_FILES,
     BUILD_INFO,
@@ -25,6 +25,7 @@ from gpubox.plans.llamacpp import (
     llama_build,
     source_check_command,
 )
+from gpubox.rules import nccl
 
 
 def build_commands(b: LlamaBuild) -> list[str]:

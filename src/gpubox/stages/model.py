@@ -41,11 +41,13 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
-from gpubox import layout, preflight, progress
+from gpubox.base import layout
+from gpubox.base.errors import DeployRefused
+from gpubox.base.rendering import as_file
 from gpubox.config import HostConfig
-from gpubox.errors import DeployRefused
-from gpubox.host_facts import CommandOutput, NetworkOutput
-from gpubox.operations import ManagedFiles
+from gpubox.infra import progress
+from gpubox.infra.host_facts import CommandOutput, NetworkOutput
+from gpubox.infra.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.plans import checkpoint, model_script
 from gpubox.plans.model import (
@@ -55,7 +57,7 @@ from gpubox.plans.model import (
     remote_size_command,
     verified,
 )
-from gpubox.rendering import as_file
+from gpubox.preflight import gate as preflight
 from gpubox.stages import current_config
 
 # The download's shell (gpubox.plans.model_script), under the names the stage's users know.

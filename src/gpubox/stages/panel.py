@@ -23,12 +23,13 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations import apt, files, server, systemd
 
-from gpubox import layout, preflight
-from gpubox import panel as rules
+from gpubox.base import layout
+from gpubox.base.rendering import FILES
 from gpubox.config import HostConfig, Target
-from gpubox.host_facts import CommandOutput, read_once
-from gpubox.operations import ManagedFiles
-from gpubox.rendering import FILES
+from gpubox.infra.host_facts import CommandOutput, read_once
+from gpubox.infra.operations import ManagedFiles
+from gpubox.knowledge import panel as rules
+from gpubox.preflight import gate as preflight
 from gpubox.stages import current_config
 
 SCRIPT = "/usr/local/lib/gpubox/gpubox-panel"

@@ -12,12 +12,15 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
-from gpubox import answers, dpkg_ready, layout, operations, preflight
+from gpubox.base import layout
+from gpubox.base.rendering import render
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput, ManifestProblems, manifest_command
-from gpubox.operations import ManagedFiles
+from gpubox.infra import operations
+from gpubox.infra.host_facts import CommandOutput, ManifestProblems, manifest_command
+from gpubox.infra.operations import ManagedFiles
 from gpubox.ops.apt_repo import nvidia_repo
-from gpubox.rendering import render
+from gpubox.preflight import answers, dpkg_ready
+from gpubox.preflight import gate as preflight
 from gpubox.stages import current_config
 
 STAMP = ".gpubox-build"

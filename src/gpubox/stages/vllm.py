@@ -2,7 +2,7 @@
 still runs on compute capability 7.0), run by a systemd unit that never pulls, its compile
 caches on host volumes, warmed up at several prompt lengths after each start.
 
-On Volta (see gpubox.vllm_rules and the catalog's comments):
+On Volta (see gpubox.knowledge.vllm_rules and the catalog's comments):
 
 * a 4-bit checkpoint: the original BF16 weights (about 149 GiB) cannot fit 2x 32 GB. Marlin
   needs compute capability 7.5/8.0, so vLLM runs GPTQ-packed int4 with the exllama gptq_gemm
@@ -11,8 +11,8 @@ On Volta (see gpubox.vllm_rules and the catalog's comments):
 * the default image (CUDA 12.9) runs on driver 570 (CUDA 12.8) through CUDA forward
   compatibility: the deploy checks the image carries the compat libraries;
 * before vLLM (re)starts, the deploy reads what the pulled image's torch is compiled for
-  (gpubox.torch_archs, no GPU needed) and the downloaded checkpoint's quantization_config
-  (gpubox.vllm_rules.checkpoint_problems), and stops, changing nothing more, when either
+  (gpubox.knowledge.torch_archs, no GPU needed) and the downloaded checkpoint's quantization_config
+  (gpubox.knowledge.vllm_rules.checkpoint_problems), and stops, changing nothing more, when either
   cannot run on the GPUs.
 
 Triton compiles and autotunes Qwen3-Next's kernels (gated DeltaNet, attention, MoE) lazily: the
@@ -42,10 +42,12 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.operations import server
 
-from gpubox import compat, layout, torch_archs, vllm_rules
+from gpubox.base import compat, layout
+from gpubox.base.rendering import render
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput
-from gpubox.operations import ManagedFiles
+from gpubox.infra.host_facts import CommandOutput
+from gpubox.infra.operations import ManagedFiles
+from gpubox.knowledge import torch_archs, vllm_rules
 from gpubox.ops import serving, units
 from gpubox.plans import checkpoint
 from gpubox.plans.vllm import (
@@ -55,7 +57,6 @@ from gpubox.plans.vllm import (
     model_repo,
     systemd_quote,
 )
-from gpubox.rendering import render
 from gpubox.stages import vllm_image
 
 # Warm-up: prompts of about 16, 512 and 2,048 tokens and a long one (half the context, at most

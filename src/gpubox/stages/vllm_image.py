@@ -22,12 +22,14 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from gpubox import layout, preflight, progress
+from gpubox.base import layout
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput
-from gpubox.operations import ManagedFiles
+from gpubox.infra import progress
+from gpubox.infra.host_facts import CommandOutput
+from gpubox.infra.operations import ManagedFiles
 from gpubox.ops import units
 from gpubox.plans import model_script
+from gpubox.preflight import gate as preflight
 from gpubox.stages import current_config
 
 UNIT = "gpubox-vllm-pull"

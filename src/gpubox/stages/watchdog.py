@@ -1,6 +1,7 @@
 """Stage: the watchdog of the API server (docs/watchdog.md). A systemd timer runs a oneshot
 service every watchdog_interval_s that probes the backend's API and restarts its unit once
-after watchdog_failures consecutive failures (gpubox.watchdog, the script, uploaded whole).
+after watchdog_failures consecutive failures (gpubox.knowledge.watchdog, the script, uploaded
+whole).
 Its settings are a JSON file beside the API key (no secret in it: the script reads the key
 from the key file). With no backend, or watchdog false, the timer is stopped and disabled."""
 
@@ -13,13 +14,13 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
-from gpubox import layout
-from gpubox import watchdog as script
+from gpubox.base import layout
+from gpubox.base.rendering import render
 from gpubox.config import HostConfig
-from gpubox.host_facts import CommandOutput
-from gpubox.operations import ManagedFiles
+from gpubox.infra.host_facts import CommandOutput
+from gpubox.infra.operations import ManagedFiles
+from gpubox.knowledge import watchdog as script
 from gpubox.ops import units
-from gpubox.rendering import render
 from gpubox.stages import current_config
 
 PYTHON = "/usr/bin/python3"

@@ -226,7 +226,7 @@ def t4_state() -> State:
     capture: the name, bus id 00000001:01:00.0, 15360 MiB total and idle readings (26 C,
     9.31 W) of a 1x T4 `nvidia-smi --query-gpu` (tests/fixtures/nvidia-smi/
     query-gpu_csv_1xT4_NA.csv); the PCI id 10de:1eb8 and compute capability 7.5 as
-    gpubox.compat has them; the PCI description as Debian 12's pci.ids names it. Guessed,
+    gpubox.base.compat has them; the PCI description as Debian 12's pci.ids names it. Guessed,
     for want of a capture: the UUID (made up), the 70 W power cap (the T4's rated board
     power), CUDA's total bytes (15360 MiB less what the driver reserves, as on the V100)
     and gpu-burn's Gflop/s (illustrative)."""

@@ -13,7 +13,8 @@ guess. The pattern keeps NCCL to the build for the box's CUDA (the ``+cuda12.9``
 builds sort higher and are what a plain ``apt-get install libnccl2`` would take, built for a
 CUDA newer than the toolkit and than what driver 570 supports), and preflight's repository
 query checks that the repository offers a match. The CUDA stage then installs one exact
-version and holds it, as every other NVIDIA package (gpubox.apt_versions.resolve: the version
+version and holds it, as every other NVIDIA package (gpubox.knowledge.apt_versions.resolve: the
+version
 already installed when it matches, so a re-run changes nothing; otherwise the newest the
 repository offers for both packages). An exact version in the catalog (by catalog_overrides)
 pins exactly.

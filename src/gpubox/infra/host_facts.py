@@ -1,5 +1,5 @@
 """pyinfra facts about the GPU box. Each fact runs one read-only command and hands the text
-to a pure parser (gpubox.parsers). A fact that the checks read too is one of gpubox.reads'
+to a pure parser (gpubox.parsers). A fact that the checks read too is one of gpubox.knowledge.reads'
 reads (``ReadFact``): the deploy, the host checks and doctor read it with the same command
 and parser. Every command exits 0: absence is data, not an error."""
 
@@ -13,15 +13,18 @@ from typing import Any, ClassVar, TypeVar, cast
 
 from pyinfra.api import FactBase
 
-from gpubox import kernels, readahead, reads
-from gpubox.desktop import DESKTOP_COMMAND, Desktop, parse_desktop
+from gpubox.base import kernels
+from gpubox.infra import readahead
+from gpubox.knowledge import reads
 from gpubox.parsers.secure_boot import MokState
+from gpubox.rules.desktop import DESKTOP_COMMAND, Desktop, parse_desktop
 
 T = TypeVar("T")
 
 
 class ReadFact(FactBase[T]):
-    """A pyinfra fact that is one of gpubox.reads' reads: ``read``'s parser reads its output;
+    """A pyinfra fact that is one of gpubox.knowledge.reads' reads: ``read``'s parser reads its
+    output;
     each fact's ``command`` hands the read its arguments (the checks run the same read)."""
 
     read: ClassVar[reads.Read[Any]]
@@ -125,7 +128,7 @@ class KernelModuleLoaded(ReadFact[bool]):
 
 class KernelModules(FactBase[kernels.KernelState]):
     """The running kernel, the bootable ones, which have headers, and what DKMS has installed
-    (gpubox.kernels: its command and parser)."""
+    (gpubox.base.kernels: its command and parser)."""
 
     def command(self) -> str:
         return kernels.KERNEL_STATE_COMMAND
@@ -136,7 +139,7 @@ class KernelModules(FactBase[kernels.KernelState]):
 
 class KernelMetas(FactBase[list[kernels.KernelMeta]]):
     """The installed kernel image meta packages (linux-image-generic, -generic-hwe-24.04,
-    -amd64, ...) with their versions (gpubox.kernels: its command and parser)."""
+    -amd64, ...) with their versions (gpubox.base.kernels: its command and parser)."""
 
     def command(self) -> str:
         return kernels.KERNEL_METAS_COMMAND
@@ -262,7 +265,7 @@ class CommandOutput(FactBase[str]):
 
 class NetworkOutput(CommandOutput):
     """CommandOutput of a command that asks a server (the Hub's sizes and listings): read
-    when the stage reads it, never ahead (gpubox.readahead)."""
+    when the stage reads it, never ahead (gpubox.infra.readahead)."""
 
     readahead = False
 
@@ -390,7 +393,7 @@ class ManifestProblems(FactBase[list[str]]):
 
 class DesktopState(FactBase[Desktop]):
     """What the box shows on its display: the default target, display-manager.service, the
-    logind sessions, and the NVIDIA devices with the driver bound to each (gpubox.desktop)."""
+    logind sessions, and the NVIDIA devices with the driver bound to each (gpubox.rules.desktop)."""
 
     def command(self) -> str:
         return DESKTOP_COMMAND

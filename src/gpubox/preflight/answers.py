@@ -1,4 +1,4 @@
-"""The repositories' answers in a run (gpubox.offers asks): kept from an earlier run where
+"""The repositories' answers in a run (gpubox.rules.offers asks): kept from an earlier run where
 they change nothing, asked otherwise.
 
 Asked only when needed. The answers are kept on the box (layout.KEPT_OFFERS, root-only, each
@@ -29,11 +29,14 @@ from pyinfra.api import FactBase
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files
 
-from gpubox import apt_versions, layout
-from gpubox.apt_sources import source_line
+from gpubox.base import layout
+from gpubox.base.rendering import as_file
 from gpubox.config import HostConfig, Target
-from gpubox.host_facts import read_once
-from gpubox.offers import (
+from gpubox.infra.host_facts import read_once
+from gpubox.knowledge import apt_versions
+from gpubox.plans import driver as driver_plan
+from gpubox.rules.apt_sources import source_line
+from gpubox.rules.offers import (
     PinnedSet,
     RepoIndex,
     parse_query,
@@ -41,12 +44,10 @@ from gpubox.offers import (
     query_command,
     trusted_source_line,
 )
-from gpubox.plans import driver as driver_plan
-from gpubox.rendering import as_file
 
 
 class RepoOffers(FactBase[RepoIndex]):
-    """What one apt repository offers (gpubox.offers' query, in a private apt root); read-only
+    """What one apt repository offers (gpubox.rules.offers' query, in a private apt root); read-only
     for the host's apt: only /var/cache/gpubox/apt-query/<name> is written."""
 
     readahead = False  # it asks the repository (apt-get update): never read ahead

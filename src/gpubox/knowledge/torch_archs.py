@@ -1,14 +1,14 @@
 """What the torch inside an image can run on: the GPU architectures it is compiled for, as
 ``torch._C._cuda_getArchFlags()`` prints them, judged against a GPU's compute capability.
 Pure: the vLLM stage runs TORCH_ARCH_COMMAND in the pulled image (no GPU needed) and
-``gpubox check`` judges the catalog's record of the pinned image (gpubox.vllm_rules)."""
+``gpubox check`` judges the catalog's record of the pinned image (gpubox.knowledge.vllm_rules)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from gpubox import compat
+from gpubox.base import compat
 
 # What the image's torch is compiled for, as torch._C._cuda_getArchFlags() prints it: one
 # word per -gencode target, "sm_XY" (a binary for compute capability X.Y) or "compute_XY"

@@ -1,6 +1,7 @@
 """Users on the box (docker_users): the read-only command that says which groups each named
 user is in, one ``NAME:GROUP...`` line per user (parsers.parse_user_groups reads it). The
-deploy's preflight and docker stage (gpubox.host_facts.UserGroups) and the host check docker.users
+deploy's preflight and docker stage (gpubox.infra.host_facts.UserGroups) and the host check
+docker.users
 run the same command."""
 
 from __future__ import annotations

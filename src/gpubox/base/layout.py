@@ -11,7 +11,7 @@ BURNIN_RECORD = f"{STATE_DIR}/burnin.json"
 CDI_STAMP = f"{STATE_DIR}/cdi-driver-version"
 CACHE_DIR = "/var/cache/gpubox"
 APT_QUERY_DIR = f"{CACHE_DIR}/apt-query"
-# the repositories' last answers (gpubox.offers): root-only, asked again only when needed
+# the repositories' last answers (gpubox.rules.offers): root-only, asked again only when needed
 KEPT_OFFERS = f"{STATE_DIR}/apt-offers.json"
 VLLM_CACHE_DIR = f"{CACHE_DIR}/vllm"
 

@@ -15,7 +15,7 @@
   libraries are in the image (gpubox.stages.vllm).
 * **Torch's architectures.** The catalog records what the pinned image's torch is compiled
   for (``vllm.torch``): refused when it cannot run on the GPUs; any other image is unverified
-  (the stage reads the image's own list on the box: gpubox.torch_archs).
+  (the stage reads the image's own list on the box: gpubox.knowledge.torch_archs).
 * **The checkpoint's quantisation.** Below 7.5 (no Marlin) vLLM serves a quantised MoE only
   GPTQ-packed: exllama's gptq_gemm and the Triton MoeWNA16 experts. The stage reads the
   downloaded config.json and refuses what that path cannot serve (``checkpoint_problems``).
@@ -33,8 +33,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox import compat, torch_archs
-from gpubox.torch_archs import cc_text
+from gpubox.base import compat
+from gpubox.knowledge import torch_archs
+from gpubox.knowledge.torch_archs import cc_text
 
 # --- What the image is -------------------------------------------------------------------
 

@@ -17,9 +17,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox import layout, reads
+from gpubox.base import layout
+from gpubox.knowledge import reads
+from gpubox.knowledge.reads import section
 from gpubox.parsers import parse_sections
-from gpubox.reads import section
 
 # `dpkg --print-architecture` -> 1Panel's name for it in its package file names (amd64, arm64,
 # armv7, ppc64le, s390x, riscv64: the release's tarballs, 1Panel's .goreleaser.yaml).

@@ -20,7 +20,7 @@ from xml.etree import ElementTree
 
 from gpubox import sandbox as sandbox_package  # `sandbox` below runs `gpubox sandbox`
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 INVENTORY = "inventories/sandbox.py"
 BIN = Path(sys.executable).parent
 

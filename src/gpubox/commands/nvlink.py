@@ -7,7 +7,7 @@ sample is shown as a table: TX and RX bytes per second (fields 1011/1012), their
 DCGM's own NVLink total (449, MB/s), with a line summing all GPUs. The profiling fields read
 N/A in the first samples after dmon starts: those show "warming up". Ctrl-C ends it (exit 0).
 
-Exit status (gpubox.reach's codes): 0 samples shown, 1 dcgmi failed or showed nothing, 2 an
+Exit status (gpubox.remote.reach's codes): 0 samples shown, 1 dcgmi failed or showed nothing, 2 an
 unusable inventory or host choice, 3 the host cannot be reached (one line: NAME: unreachable:
 WHY).
 
@@ -26,7 +26,8 @@ from typing import Any
 
 import testinfra
 
-from gpubox import inventory, parsers, reach
+from gpubox import parsers
+from gpubox.remote import inventory, reach
 
 FIELDS = "449,1011,1012"
 TX, RX, TOTAL = "NVLTX", "NVLRX", "NBWLT"

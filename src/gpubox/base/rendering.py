@@ -10,7 +10,7 @@ from typing import Any
 
 import jinja2
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # src/gpubox: templates/ and files/ sit there
 TEMPLATES = PACKAGE / "templates"
 FILES = PACKAGE / "files"
 

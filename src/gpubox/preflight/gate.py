@@ -12,11 +12,11 @@ from typing import Any, NoReturn
 
 from pyinfra import host, logger
 
-from gpubox import answers, compat, desktop, dpkg_ready, offers, readahead, runfile
-from gpubox.answers import KeptOffers
+from gpubox.base import compat
+from gpubox.base.errors import DeployRefused, HostRefused
 from gpubox.config import HostConfig, Problem, Target, target_for
-from gpubox.errors import DeployRefused, HostRefused
-from gpubox.host_facts import (
+from gpubox.infra import readahead, runfile
+from gpubox.infra.host_facts import (
     DesktopState,
     DockerEngine,
     KernelModuleLoaded,
@@ -29,8 +29,11 @@ from gpubox.host_facts import (
     prefetch,
     read_once,
 )
+from gpubox.infra.runfile import RunfileDriver
 from gpubox.plans import driver as driver_plan
-from gpubox.runfile import RunfileDriver
+from gpubox.preflight import answers, dpkg_ready
+from gpubox.preflight.answers import KeptOffers
+from gpubox.rules import desktop, offers
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller
 
@@ -43,11 +46,12 @@ def evaluate(
     os_release: Mapping[str, str],
     pci_devices: list[Any],
     uid: int,
-    runfile_state: Any = None,  # gpubox.runfile.RunfileState: a driver from NVIDIA's .run
+    runfile_state: Any = None,  # gpubox.infra.runfile.RunfileState: a driver from NVIDIA's .run
     user_groups: Mapping[str, list[str] | None] | None = None,  # docker_users' (UserGroups)
 ) -> list[Problem]:
     """The host's problems (errors refuse the run, warnings are logged). Secure Boot is no
-    refusal: the driver stage signs the module with DKMS's enrolled key (gpubox.secure_boot)."""
+    refusal: the driver stage signs the module with DKMS's enrolled key
+    (gpubox.knowledge.secure_boot)."""
     name = config.host
     problems: list[Problem] = []
 
@@ -176,8 +180,8 @@ def run(config: HostConfig) -> Target:
 
 def desktop_report(config: HostConfig) -> Any:
     """Tell the owner, before the first change, what the driver stage will do to the display
-    of a desktop (gpubox.desktop.report): nothing is logged on a box that is not one. Returns
-    the gpubox.desktop.Desktop it read."""
+    of a desktop (gpubox.rules.desktop.report): nothing is logged on a box that is not one. Returns
+    the gpubox.rules.desktop.Desktop it read."""
     seen = read_once(DesktopState)
     lines = desktop.report(
         config,
@@ -191,7 +195,7 @@ def desktop_report(config: HostConfig) -> Any:
 
 
 def repository_problems(config: HostConfig, target: Target) -> None:
-    """Ask the repositories what they offer (gpubox.offers; each only when needed, else its
+    """Ask the repositories what they offer (gpubox.rules.offers; each only when needed, else its
     kept answer); refuse, nothing changed, when a pinned version or a driver package is not
     there. The stages keep the answers on the box (answers.keep_answers)."""
     sets, indexes = answers.ask(config, target, read_once(DockerEngine))

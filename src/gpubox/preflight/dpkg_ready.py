@@ -38,10 +38,10 @@ import gevent
 from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 
-from gpubox import layout
+from gpubox.base import layout
+from gpubox.base.errors import DeployRefused
 from gpubox.config import HostConfig, Problem
-from gpubox.errors import DeployRefused
-from gpubox.operations import ManagedFiles
+from gpubox.infra.operations import ManagedFiles
 
 # Order matters only for the messages: the frontend lock is the one apt waits on first.
 LOCKS = (

@@ -12,7 +12,7 @@ repository nor gpubox's pin, so ``apt-get -s`` runs with its own directories und
 line (``[trusted=yes]``: a read-only simulation), the rendered driver pin as the only
 preferences, the host's real dpkg status (read, never written), and package lists reused, not
 downloaded: the host's /var/lib/apt/lists files and the NVIDIA lists that preflight's
-repository query (gpubox.offers) already fetched, hard-linked (copied across file systems).
+repository query (gpubox.rules.offers) already fetched, hard-linked (copied across file systems).
 The host's apt configuration, lists and status are never written.
 
 When it runs (``installed_distro_driver``): only when a package of a driver build (source
@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from pyinfra import host, logger
 from pyinfra.api import FactBase
 
-from gpubox import layout, offers
-from gpubox.apt_sources import source_line
+from gpubox.base import layout
 from gpubox.config import HostConfig, Target
 from gpubox.plans.driver import DriverPlan
+from gpubox.rules import offers
+from gpubox.rules.apt_sources import source_line
 
 MARK = "# gpubox-driver-replacement"
 DRIVER_SOURCES = re.compile(

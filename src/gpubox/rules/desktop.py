@@ -7,7 +7,7 @@ is told so before the first change (``report``), and the reboot waits for their 
 someone is logged in to a graphical session (key ``allow_desktop_reboot``).
 
 Pure: the fact's sectioned output in (``parse_desktop``), lines out. The fact itself is
-gpubox.host_facts.DesktopState; its command is DESKTOP_COMMAND.
+gpubox.infra.host_facts.DesktopState; its command is DESKTOP_COMMAND.
 
 A default target of graphical.target alone does not make a desktop: it is systemd's own
 default (the systemd package links default.target to graphical.target), so servers that never
@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpubox import compat, layout, parsers
+from gpubox import parsers
+from gpubox.base import compat, layout
 from gpubox.config import HostConfig
 from gpubox.parsers import LoginSession, PciKernelDevice, UnitState
 

@@ -17,8 +17,9 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
 from pyinfra.operations import files
 
-from gpubox import layout
-from gpubox.host_facts import (
+from gpubox.base import layout
+from gpubox.base.rendering import as_file
+from gpubox.infra.host_facts import (
     AptComponentEnabled,
     BootId,
     FileDigests,
@@ -28,7 +29,6 @@ from gpubox.host_facts import (
     MissingPackageFiles,
     RealPath,
 )
-from gpubox.rendering import as_file
 
 
 @operation()
@@ -190,7 +190,8 @@ def reinstall(packages: list[str] | None = None, paths: list[str] | None = None)
     """Reinstall, at its installed version (the pinned one on a converged host), each
     installed package of ``packages``, or owning one of ``paths``, that misses a file it ships
     (say nvcc was deleted): apt still counts such a package installed, so a plain install
-    would not bring the file back. Existence only (gpubox.host_facts.MissingPackageFiles); a noop
+    would not bring the file back. Existence only (gpubox.infra.host_facts.MissingPackageFiles); a
+    noop
     when every file is there. A deleted conffile comes back too (--force-confmiss); a changed
     one is kept."""
     missing = host.get_fact(

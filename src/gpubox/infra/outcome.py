@@ -1,6 +1,6 @@
 """What a deploy run tells `gpubox deploy` beyond pyinfra's exit status: which hosts stopped
 on purpose, waiting for their owner (a Secure Boot key to enroll, a reboot to consent to:
-gpubox.errors.HostStopped), and which hosts failed.
+gpubox.base.errors.HostStopped), and which hosts failed.
 
 `gpubox deploy` sets GPUBOX_OUTCOME_FILE for the pyinfra run; the deploy records each stopped
 host, and at exit writes {"stopped": [...], "failed": [...]} there. `gpubox deploy` then exits
@@ -14,7 +14,7 @@ import atexit
 import json
 import os
 
-from gpubox import reach
+from gpubox.remote import reach
 
 ENV = "GPUBOX_OUTCOME_FILE"
 _stopped: set[str] = set()

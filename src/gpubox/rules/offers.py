@@ -20,10 +20,10 @@ The driver is special: which packages make up NVIDIA's driver build is not known
 (Debian's packaging differs from Ubuntu's, and NVIDIA's set may change), so the answer for
 NVIDIA's CUDA repository also lists every package offered at the driver's exact version; the
 driver stage pins that set (gpubox.plans.driver).
-Asked only when needed: gpubox.answers keeps the answers on the box.
+Asked only when needed: gpubox.preflight.answers keeps the answers on the box.
 
 This module is pure (the query's command, its parser, the pinned sets and what they miss); the
-pyinfra fact that runs the query, ``RepoOffers``, is gpubox.answers'.
+pyinfra fact that runs the query, ``RepoOffers``, is gpubox.preflight.answers'.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox import apt_versions, layout, nccl
-from gpubox.apt_sources import placeholders
+from gpubox.base import layout
 from gpubox.config import HostConfig, Problem, Target
+from gpubox.knowledge import apt_versions
+from gpubox.rules import nccl
+from gpubox.rules.apt_sources import placeholders
 
 
 @dataclass
@@ -135,7 +137,9 @@ class PinnedSet:
 
     stage: str
     repo: str  # catalog repos.<name>
-    packages: Mapping[str, str]  # name -> exact version, or a pattern (gpubox.apt_versions)
+    packages: Mapping[
+        str, str
+    ]  # name -> exact version, or a pattern (gpubox.knowledge.apt_versions)
     catalog_key: str  # what to override (catalog_overrides dotted path, or a config key)
 
 
@@ -170,7 +174,7 @@ def pinned_sets(
         ),
     ]
     if nccl.wanted(config):
-        # a pattern (gpubox.nccl): the repository must offer a version that matches it
+        # a pattern (gpubox.rules.nccl): the repository must offer a version that matches it
         pattern = nccl.pin(config)
         sets.append(
             PinnedSet(

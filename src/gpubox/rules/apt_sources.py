@@ -1,6 +1,7 @@
 """Pure: a catalog repository's apt source line and the placeholders its URL, suite and key URL
 are written with (the distribution, its version, its codename). The stage that adds the
-repository (gpubox.ops.apt_repo), the preflight's query (gpubox.offers, gpubox.answers) and
+repository (gpubox.ops.apt_repo), the preflight's query (gpubox.rules.offers,
+gpubox.preflight.answers) and
 the driver replacement's simulation all write the same line."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The errors a deploy refuses or stops with, in a leaf module (nothing from gpubox is imported
 here). Everything that raises or catches them imports them from here: the configuration check
-(gpubox.stages.current_config), the preflight (gpubox.preflight), the dpkg wait
-(gpubox.dpkg_ready), the stages and the tests; no other module re-exports them."""
+(gpubox.stages.current_config), the preflight (gpubox.preflight.gate), the dpkg wait
+(gpubox.preflight.dpkg_ready), the stages and the tests; no other module re-exports them."""
 
 from __future__ import annotations
 
@@ -22,5 +22,5 @@ class HostRefused(DeployRefused):
 class HostStopped(PyinfraError):
     """The host's deploy ends here by design, not by refusal: the operations already added for
     it still run (e.g. creating the Secure Boot signing key), then an operation that fails
-    with the owner's next step (gpubox.operations.fail) stops it. No further stage is planned
+    with the owner's next step (gpubox.infra.operations.fail) stops it. No further stage is planned
     for the host; the other hosts go on. run_stages catches it."""

@@ -1,7 +1,7 @@
 """`gpubox deploy INVENTORY`: the full deploy shipped inside the package, run by pyinfra.
 
 Before pyinfra starts, the whole inventory is validated (as ``gpubox check``: a bad one exits 2
-and no host is contacted) and every targeted host is probed over SSH (``gpubox.reach``). When
+and no host is contacted) and every targeted host is probed over SSH (``gpubox.remote.reach``). When
 one cannot be reached, nothing is deployed anywhere: one line per such host
 (``NAME: unreachable: WHY``) and exit 3; ``--limit`` the others to deploy them. Otherwise
 pyinfra runs ``gpubox/deploy/full.py`` with every other option passed through; its output is
@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpubox import outcome, reach
+from gpubox.infra import outcome
+from gpubox.remote import reach
 
 # The full deploy's stages, in the order they run (gpubox/deploy/full.py maps each name to
 # its stage function).
@@ -50,7 +51,7 @@ FULL_STAGES = (
     "verify",
 )
 STAGES_ENV = "GPUBOX_STAGES"
-DEPLOY_DIR = Path(__file__).resolve().parent / "deploy"
+DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy"
 
 T = TypeVar("T")
 
@@ -178,7 +179,7 @@ def main(
     if stages:
         env[STAGES_ENV] = ",".join(stages)
     with tempfile.TemporaryDirectory(prefix="gpubox-deploy-") as tmp:
-        # which hosts stopped on purpose, waiting for their owner (gpubox.outcome): exit 4
+        # which hosts stopped on purpose, waiting for their owner (gpubox.infra.outcome): exit 4
         env[outcome.ENV] = os.path.join(tmp, "outcome.json")
         rc = subprocess.run(command, env=env, check=False).returncode
         # pyinfra (click) exits 2 for an option it does not take: bad input, nothing run

@@ -1,7 +1,7 @@
 """The reads of a host that the deploy, the checks and doctor share: each one read-only command
 and the parser of its output, defined once here.
 
-The deploy's pyinfra facts (gpubox.host_facts: ``command`` and ``process``) and the checks'
+The deploy's pyinfra facts (gpubox.infra.host_facts: ``command`` and ``process``) and the checks'
 facts (gpubox.checks.facts, which doctor reads through the checks' ``Reading``) are both made
 from these, so a stage and a check never read the same thing two ways. Every command exits 0:
 absence is data (an empty file, "no", None), which a pyinfra fact needs (a failing fact
@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from gpubox import kernels, layout, parsers, secure_boot, users
+from gpubox import parsers
+from gpubox.base import kernels, layout
+from gpubox.knowledge import secure_boot, users
 from gpubox.parsers.secure_boot import parse_mok_state
 
 T = TypeVar("T")
@@ -63,7 +65,8 @@ NVIDIA_PCI = Read(
     parsers.parse_lspci,
 )
 
-# Secure Boot: True/False as the firmware says, None without EFI variables (gpubox.secure_boot)
+# Secure Boot: True/False as the firmware says, None without EFI variables
+# (gpubox.knowledge.secure_boot)
 SECURE_BOOT = Read(secure_boot.SB_STATE_COMMAND, parsers.parse_secure_boot)
 
 # DKMS's signing key, its enrolment and the NVIDIA modules' signer and taint; of the OS family
@@ -87,7 +90,7 @@ LOADED_DRIVER = Read(
 # Whether a kernel module is loaded (its /sys/module directory); of the module's name
 MODULE_LOADED = Read(_module_loaded, parsers.parse_yes)
 
-# The running kernel, the bootable ones, their headers and what DKMS installed (gpubox.kernels)
+# The running kernel, the bootable ones, their headers and what DKMS installed (gpubox.base.kernels)
 KERNEL_STATE = Read(
     kernels.KERNEL_STATE_COMMAND, _kernel_state, parser_name="kernels.parse_kernel_state"
 )

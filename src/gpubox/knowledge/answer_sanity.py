@@ -30,7 +30,7 @@ import unicodedata
 from collections import Counter
 from typing import Any
 
-from gpubox.openai_shape import Answer
+from gpubox.knowledge.openai_shape import Answer
 
 MAX_TOKENS = 64
 SHORT = "In one sentence, why is the sky blue?"

@@ -1,0 +1,6 @@
+"""Layer 11, entry points: gpubox deploy, demo and nvlink, one module each.
+
+- ``deploying``: ``gpubox deploy`` (validate, probe each host, then pyinfra);
+- ``demo``: ``make demo`` (the whole thing on a local sandbox box);
+- ``nvlink``: ``gpubox nvlink`` (NVLink traffic between the GPUs).
+"""

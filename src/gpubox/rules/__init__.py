@@ -1,0 +1,7 @@
+"""Layer 4, pure rules: decisions from a host's configuration and facts; no I/O.
+
+- ``apt_sources``: a catalog repository's source line and its placeholders;
+- ``offers``: the repositories' query (its command and parser), the pinned sets, what they miss;
+- ``nccl``: which boxes get NCCL and its pin;
+- ``desktop``: what a desktop is and what the deploy tells its owner.
+"""
