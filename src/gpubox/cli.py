@@ -158,10 +158,23 @@ def _type_text(kind: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
-def _default_text(key: Any) -> str:
+def python_literal(value: Any) -> str:
+    """``value`` as an inventory (a Python file) writes it: True, not true; strings in double
+    quotes, as JSON writes them (and Python reads them)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{python_literal(k)}: {python_literal(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    return repr(value)
+
+
+def _default_text(key: Any, quote: str = "`") -> str:
     if key.default is None:
         return "derived" if key.derive is not None else "none"
-    return f"`{json.dumps(key.default)}`"
+    return f"{quote}{python_literal(key.default)}{quote}"
 
 
 def _cell(text: str) -> str:
@@ -179,14 +192,18 @@ def cmd_keys(args: argparse.Namespace) -> int:
     for key in KEYS:
         accepts = ""
         if key.choices:
-            accepts = "; one of " + ", ".join(f"`{c}`" for c in key.choices)
+            tick = "`" if args.markdown else ""
+            accepts = "; one of " + ", ".join(
+                f"{tick}{python_literal(c)}{tick}" for c in key.choices
+            )
         elif key.min is not None or key.max is not None:
             accepts = f"; {key.range_text()}"
         if args.markdown:
             cells = [f"`{key.name}`", _type_text(key.type), _default_text(key), key.doc + accepts]
             print("| " + " | ".join(_cell(c) for c in cells) + " |")
         else:
-            print(f"{key.name:<28} {_type_text(key.type):<12} {key.doc}{accepts}")
+            default = _default_text(key, quote="")
+            print(f"{key.name:<29} {_type_text(key.type):<11} {default:<24} {key.doc}{accepts}")
     return 0
 
 
@@ -206,9 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(_lazy(command).main(argv[1:]))
     parser = argparse.ArgumentParser(
         prog="gpubox",
-        description=__doc__,
+        description="Converge and verify an NVIDIA GPU inference box: deploy it, check it, "
+        "measure it. An inventory is a Python file of hosts and their keys (gpubox keys); "
+        'a key is written as Python reads it, e.g. "allow_desktop_reboot": True.',
         epilog="Exit codes: 0 fine, 1 a host deviates or a deploy failed, 2 bad input "
-        "(nothing contacted), 3 a host unreachable, 4 a stop that waits for the owner.",
+        "(nothing contacted), 3 a host unreachable, 4 a deploy stopped for the owner (earlier "
+        "work kept; enroll the Secure Boot key or reboot, then run it again).",
     )
     parser.add_argument("--version", action="version", version=f"gpubox {version()}")
     sub = parser.add_subparsers(dest="command", required=True)

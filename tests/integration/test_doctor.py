@@ -348,8 +348,8 @@ def test_split_modes_name_the_one_to_set(tmp_path):
     failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("  -sm tensor failed: ")]
     assert len(failed) == 1 and "exit status 1" in failed[0], proc.stdout
     assert "-sm layer failed" not in proc.stdout
-    [advice] = [ln for ln in proc.stdout.splitlines() if ln.startswith("set llamacpp_split_mode")]
-    assert advice.startswith("set llamacpp_split_mode: layer (tg128 ")
+    [advice] = [ln for ln in proc.stdout.splitlines() if ln.startswith('set "llamacpp_split_mode"')]
+    assert advice.startswith('set "llamacpp_split_mode": "layer" (tg128 ')
     assert advice.endswith(" tok/s vs tensor failed) (already set)")
     service_is_back()
 

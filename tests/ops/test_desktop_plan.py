@@ -129,7 +129,7 @@ REFERENCE_DESKTOP_LINES = [
     "a reboot at the end of the driver stage, after the driver is installed (nouveau is "
     "loaded): owner (wayland on seat0, active) is logged in, so the deploy installs the "
     "driver and stops before the reboot (allow_desktop_reboot is false): reboot when it "
-    "suits them (sudo systemctl reboot), or set allow_desktop_reboot: true; the next deploy "
+    'suits them (sudo systemctl reboot), or set "allow_desktop_reboot": True; the next deploy '
     "continues",
 ]
 

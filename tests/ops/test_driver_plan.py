@@ -14,6 +14,7 @@ from gpubox.plans import driver as driver_plan
 from gpubox.preflight import dpkg_ready
 from gpubox.rules import offers
 from gpubox.stages import driver as driver_stage
+from gpubox.stages import run_stages
 
 
 def offered(os_name: str) -> dict[str, list[str]]:
@@ -163,7 +164,7 @@ def test_reboot_when_nouveau_is_loaded(plan_of):
 
 def test_no_reboot_allowed_stops_with_a_message(plan_of):
     plan = plan_of(
-        driver_stage.driver,
+        lambda: run_stages(driver_stage.driver),  # a stop for the owner (HostStopped: exit 4)
         {**REFERENCE, "allow_reboot": False},
         fresh_box("ubuntu2404", **{"cat /sys/module/nvidia/version": "580.105.08"}),
     )

@@ -263,7 +263,7 @@ def test_compose_on_the_distributions_path(plan_of, caplog):
     debian = plan_of(panel.panel, data, box("debian12"))
     assert "docker-compose" in debian.installs()
     assert "only Docker Compose is docker-compose 1.29 (Compose v1)" in caplog.text
-    assert "set docker_source: docker" in caplog.text
+    assert 'set "docker_source": "docker"' in caplog.text
     dockers = plan_of(panel.panel, PANEL, box("debian12"))
     assert not [p for p in dockers.installs() if "compose" in p]  # the engine's plugin
 

@@ -75,7 +75,7 @@ def test_a_runfile_driver_is_refused_naming_nvidia_uninstall_and_nothing_is_plan
     assert "runfile_driver: a driver 580.95.05 installed by NVIDIA's .run installer" in message
     assert "/usr/bin/nvidia-uninstall" in message
     assert "'sudo nvidia-uninstall' then reboot" in message
-    assert "set runfile_driver: uninstall" in message
+    assert 'set "runfile_driver": "uninstall"' in message
 
 
 @pytest.mark.parametrize("os_name", ["ubuntu2404", "debian12"])

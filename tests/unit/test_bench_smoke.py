@@ -152,17 +152,17 @@ def test_the_table_and_the_advice():
     )
     assert smoke.advice("vllm", False, rows) == (
         "keep: graphs, ssm half ((neither), 11.7 tok/s)\n"
-        "  set in the inventory: vllm_enforce_eager: false (the deployed value)\n"
-        "  set in the inventory: vllm_mamba_ssm_cache_dtype: auto (the deployed value)"
+        '  set in the inventory: "vllm_enforce_eager": False (the deployed value)\n'
+        '  set in the inventory: "vllm_mamba_ssm_cache_dtype": "auto" (the deployed value)'
     )
     rows[0].error = "did not start"
     assert smoke.advice("vllm", False, rows) == (
         "keep: eager, ssm float32 (--enforce-eager --mamba-ssm-cache-dtype float32, 9.8 tok/s)\n"
-        "  set in the inventory: vllm_enforce_eager: true\n"
-        "  set in the inventory: vllm_mamba_ssm_cache_dtype: float32"
+        '  set in the inventory: "vllm_enforce_eager": True\n'
+        '  set in the inventory: "vllm_mamba_ssm_cache_dtype": "float32"'
     )
     assert smoke.advice("vllm", False, rows, "float32").endswith(
-        "vllm_mamba_ssm_cache_dtype: float32 (the deployed value)"
+        '"vllm_mamba_ssm_cache_dtype": "float32" (the deployed value)'
     )
     rows[3].problems.append("the long prompt's answer is empty")
     assert smoke.advice("vllm", False, rows).startswith("keep: none -- no configuration")

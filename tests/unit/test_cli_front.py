@@ -302,7 +302,7 @@ def test_keys_lists_every_key(capsys):
     assert (
         "| `gpu_count` | int | `2` | how many GPUs of gpu_model the box has; at least 1 |" in table
     )
-    assert "one of `refuse`, `uninstall`" in table
+    assert 'one of `"refuse"`, `"uninstall"`' in table
 
 
 def test_pytest_tests_host_with_an_inventory_it_cannot_read_is_one_usage_line(tmp_path):

@@ -263,7 +263,7 @@ def test_the_stop_message_names_who_how_and_that_the_next_deploy_continues():
     text = desktop.stop_message("box", "nouveau is loaded", users)
     assert text.startswith("box: the driver is installed and a reboot is needed")
     assert "owner (wayland on seat0, active) is logged in" in text
-    assert "sudo systemctl reboot" in text and "allow_desktop_reboot: true" in text
+    assert "sudo systemctl reboot" in text and '"allow_desktop_reboot": True' in text
     assert "the next deploy continues" in text
 
 

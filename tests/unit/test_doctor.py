@@ -627,7 +627,7 @@ def test_no_driver_loaded_and_tools_missing(host: StandinHost):
     )
     assert findings["driver.loaded"] == (
         f"box: the loaded driver is the installed one: {no_driver} -> "
-        f"sudo reboot (or {deploy('driver')} with allow_reboot true)"
+        f'sudo reboot (or {deploy("driver")} with "allow_reboot": True)'
     )
     assert findings["cuda.nvcc"] == f"box: no nvcc on a login shell's PATH -> {deploy('cuda')}"
     assert findings["cuda.link"] == (
@@ -686,7 +686,7 @@ def test_driver_drift_unheld_and_pin_broken(host: StandinHost):
     assert findings["driver.pins"] == (f"box: apt pin {layout.DRIVER_PIN} is missing -> {fix}")
     assert findings["driver.loaded"] == (
         f"box: loaded driver {PIN}, 580.105.08, configured {PIN} -> "
-        f"sudo reboot (or {fix} with allow_reboot true)"
+        f'sudo reboot (or {fix} with "allow_reboot": True)'
     )
     # the container toolkit's and DCGM's packages lost their holds too
     assert set(findings) == {

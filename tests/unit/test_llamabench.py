@@ -540,7 +540,8 @@ def test_the_fastest_decode_wins():
     results = modes(layer=65.04, row=81.25, tensor=None)
     assert llamabench_results.best_mode(results).mode == "row"
     assert llamabench_results.advice(results, "layer") == (
-        "set llamacpp_split_mode: row (tg128 81.2 tok/s vs layer 65.0, tensor failed) (now layer)"
+        'set "llamacpp_split_mode": "row" (tg128 81.2 tok/s vs layer 65.0, tensor failed) '
+        "(now layer)"
     )
     same = modes(layer=70.0, row=70.0)
     assert llamabench_results.best_mode(same).mode == "layer"  # the first of equals
@@ -549,12 +550,12 @@ def test_the_fastest_decode_wins():
     assert llamabench_results.best_mode(noisy, "layer").mode == "layer"
     assert llamabench_results.best_mode(noisy, "row").mode == "row"
     assert llamabench_results.advice(noisy, "layer") == (
-        "set llamacpp_split_mode: layer (tg128 70.0 tok/s vs row 71.0) (already set); row is "
+        'set "llamacpp_split_mode": "layer" (tg128 70.0 tok/s vs row 71.0) (already set); row is '
         "faster by less than the runs' noise"
     )
     assert llamabench_results.best_mode(modes(layer=70.0, row=71.5), "layer").mode == "row"
     assert llamabench_results.advice(modes(row=None, tensor=None), "layer") == (
-        "no split mode ran: keep llamacpp_split_mode: layer"
+        'no split mode ran: keep "llamacpp_split_mode": "layer"'
     )
 
 

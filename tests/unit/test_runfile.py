@@ -173,7 +173,7 @@ def test_refused_in_one_line_naming_what_was_found_and_the_fix(tmp_path):
     assert "libcuda.so.580.95.05 and 5 more" in text
     assert "the module source /usr/src/nvidia-580.95.05 registered with DKMS" in text
     assert "'sudo nvidia-uninstall' then reboot" in text
-    assert "set runfile_driver: uninstall" in text
+    assert 'set "runfile_driver": "uninstall"' in text
 
 
 def test_with_uninstall_it_is_a_warning_saying_what_the_deploy_runs(tmp_path):

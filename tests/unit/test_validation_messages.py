@@ -136,7 +136,7 @@ def test_nvlink_on_one_gpu_is_a_warning_set_or_defaulted():
             "nvlink",
             "warning",
             "defaults to true (the reference box) but gpu_count is 1: NVLink joins two or "
-            "more GPUs, and the NVLink checks would look for links to a peer; set nvlink: false",
+            'more GPUs, and the NVLink checks would look for links to a peer; set "nvlink": False',
         )
     ]
     explicit = problems({**one_h100, "nvlink": True}, "warning")  # REFERENCE sets it

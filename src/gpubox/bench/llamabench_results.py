@@ -120,11 +120,11 @@ def best_mode(results: list[ModeResult], current: str | None = None) -> ModeResu
 
 
 def advice(results: list[ModeResult], current: str) -> str:
-    """'set llamacpp_split_mode: row (tg128 80.1 tok/s vs layer 65.0, tensor failed) (now
+    """'set "llamacpp_split_mode": "row" (tg128 80.1 tok/s vs layer 65.0, tensor failed) (now
     layer)'."""
     best = best_mode(results, current)
     if best is None:
-        return f"no split mode ran: keep llamacpp_split_mode: {current}"
+        return f'no split mode ran: keep "llamacpp_split_mode": "{current}"'
     others = [
         f"{r.mode} {r.ts(TG):.1f}" if r.ok and r.ts(TG) is not None else f"{r.mode} failed"
         for r in results
@@ -135,7 +135,7 @@ def advice(results: list[ModeResult], current: str) -> str:
     fastest = fastest_mode(results)
     if fastest is not None and fastest is not best:
         now += f"; {fastest.mode} is faster by less than the runs' noise"
-    return f"set llamacpp_split_mode: {best.mode} (tg128 {best.ts(TG):.1f} tok/s{vs}){now}"
+    return f'set "llamacpp_split_mode": "{best.mode}" (tg128 {best.ts(TG):.1f} tok/s{vs}){now}'
 
 
 @dataclass

@@ -284,10 +284,10 @@ def advice(
     if best.enforce_eager is None:
         return f"keep: {best.name} (the deployed configuration; nothing to set)"
     lines = [f"keep: {best.name} ({best.flags}, {_tps(best.decode_tps)} tok/s)"]
-    eager = "true" if best.enforce_eager else "false"
+    eager = "True" if best.enforce_eager else "False"
     change = " (the deployed value)" if best.enforce_eager == deployed_eager else ""
-    lines.append(f"  set in the inventory: vllm_enforce_eager: {eager}{change}")
+    lines.append(f'  set in the inventory: "vllm_enforce_eager": {eager}{change}')
     mamba = "float32" if best.mamba_float32 else "auto"
     change = " (the deployed value)" if mamba == deployed_mamba else ""
-    lines.append(f"  set in the inventory: vllm_mamba_ssm_cache_dtype: {mamba}{change}")
+    lines.append(f'  set in the inventory: "vllm_mamba_ssm_cache_dtype": "{mamba}"{change}')
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from gpubox.checks.core import Check, Finding, Reading, Unreadable
 from gpubox.config import HostConfig
 
 OS_FIX = "gpubox supports Ubuntu 24.04 and Debian 12: reinstall the host with one of them"
-REBOOT = "sudo reboot (or {deploy} with allow_reboot true)"
+REBOOT = 'sudo reboot (or {deploy} with "allow_reboot": True)'
 _NVIDIA = re.compile(r"^(lib)?nvidia-|^libcuda|^firmware-nvidia|^xserver-xorg-video-nvidia")
 _INSTALLED = ("ii", "hi")
 

@@ -119,7 +119,8 @@ def parser() -> argparse.ArgumentParser:
             "pyinfra and the full deploy shipped in gpubox. Options not listed here are "
             "pyinfra's and pass through (pyinfra --help), after the inventory. Exit: 0 done, "
             "1 a deploy failed, 2 bad input (nothing contacted), 3 a host unreachable "
-            "(nothing deployed)."
+            "(nothing deployed), 4 stopped for the owner (a Secure Boot key to enroll, a "
+            "reboot to do or consent to): the work before the stop is kept, run it again after."
         ),
     )
     p.add_argument("inventory", help="a pyinfra inventory file (inventories/example.py)")

@@ -321,7 +321,7 @@ def _advice(
                 host,
                 "nvlink",
                 f"{said} but gpu_count is 1: NVLink joins two or more GPUs, and the NVLink "
-                "checks would look for links to a peer; set nvlink: false",
+                'checks would look for links to a peer; set "nvlink": False',
                 severity="warning",
             )
         )

@@ -281,7 +281,7 @@ def problems(config: HostConfig, state: RunfileState) -> list[Problem]:
             "runfile_driver",
             f"a driver{version} installed by NVIDIA's .run installer is on the box ({found}); "
             "apt would install over it and leave its libraries and module behind. Remove it "
-            "first: 'sudo nvidia-uninstall' then reboot, or set runfile_driver: uninstall to "
+            'first: \'sudo nvidia-uninstall\' then reboot, or set "runfile_driver": "uninstall" to '
             "let the deploy run 'nvidia-uninstall --silent'",
         )
     ]

@@ -332,14 +332,14 @@ def plan(
     if version.startswith("v1."):
         result.refused.append(
             f"panel: 1Panel {version} (v1) is installed; gpubox installs v2, and v1 to v2 "
-            "takes 1Panel's own migrator: migrate it, or set panel: none"
+            'takes 1Panel\'s own migrator: migrate it, or set "panel": "none"'
         )
         return result
     base = state.ctl.get("BASE_DIR", "").rstrip("/")
     if base and base != config.panel_dir.rstrip("/"):
         result.refused.append(
             f"panel_dir: the installed panel keeps its data in {base}/1panel, not "
-            f"{run}: set panel_dir: {base!r} (gpubox does not move a panel's data)"
+            f'{run}: set "panel_dir": "{base}" (gpubox does not move a panel\'s data)'
         )
     result.differs = settings_differ(config, state, entrance_changes, password_new)
     if result.differs and state.port != config.panel_port and foreign:

@@ -8,7 +8,8 @@ Exit codes (across several hosts the code is the first that applies in the order
     2  BAD_INPUT   bad input (an argument, the inventory); nothing was contacted
     3  UNREACHABLE a host could not be reached (DNS, refused, timeout, authentication)
     4  WAITING     a deliberate stop that waits for the owner (a Secure Boot key to enroll,
-                   a reboot to consent to)
+                   a reboot to consent to or to do: on a desktop in use, with
+                   allow_reboot false, or on @local); the work before the stop is kept
 
 ``probe`` opens the inventory's own SSH connection to one host (paramiko, as testinfra and
 pyinfra do) within a timeout and says in one line why it cannot, or None when it can. A

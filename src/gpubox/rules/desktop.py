@@ -206,7 +206,7 @@ def report(
             lines.append(
                 f"{when}: {who(users)} is logged in, so the deploy installs the driver and stops "
                 "before the reboot (allow_desktop_reboot is false): reboot when it suits them "
-                "(sudo systemctl reboot), or set allow_desktop_reboot: true; the next deploy "
+                '(sudo systemctl reboot), or set "allow_desktop_reboot": True; the next deploy '
                 "continues"
             )
         else:
@@ -221,5 +221,15 @@ def stop_message(host: str, reason: str, users: list[LoginSession]) -> str:
         f"{host}: the driver is installed and a reboot is needed ({reason}), but {who(users)} "
         "is logged in to a graphical session and allow_desktop_reboot is false, so gpubox does "
         "not reboot. Reboot when it suits them (sudo systemctl reboot on the box), or set "
-        "allow_desktop_reboot: true in the inventory; the next deploy continues from there"
+        '"allow_desktop_reboot": True in the inventory; the next deploy continues from there'
+    )
+
+
+def local_stop_message(host: str, reason: str) -> str:
+    """The driver stage's stop before a reboot when the deploy runs on the box itself
+    (pyinfra's @local): a reboot would end the deploy that asked for it, mid-run."""
+    return (
+        f"{host}: the driver is installed and a reboot is needed ({reason}), but this deploy "
+        "runs on the box itself (pyinfra's @local), and rebooting would end it mid-run. Reboot "
+        "(sudo systemctl reboot), then run the deploy again; it continues from there"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.connectors.local import LocalConnector
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import apt, server
 
@@ -151,6 +152,14 @@ def driver() -> None:
                 message=f"{host.name}: a reboot is needed ({reason}) and allow_reboot is false: "
                 "reboot the box, then run the deploy again",
             )
+            raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), allow_reboot")
+        elif issubclass(host.connector_cls, LocalConnector):
+            # pyinfra runs on the box itself: a reboot would end this run, the owner reboots.
+            operations.fail(
+                name="Stop before the reboot: the deploy runs on this box (@local)",
+                message=desktop.local_stop_message(host.name, reason),
+            )
+            raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), @local")
         elif users and not config.allow_desktop_reboot:
             # Someone is at the display: the driver is installed, the reboot is theirs to time.
             operations.fail(

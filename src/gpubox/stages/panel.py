@@ -66,8 +66,8 @@ def compose_packages(config: HostConfig, target: Target) -> tuple[list[str], str
     if target.family == "debian":
         warning = (
             f"Debian {target.version_id}'s only Docker Compose is docker-compose 1.29 "
-            "(Compose v1): 1Panel's apps want Compose v2 (docker compose); set docker_source: "
-            "docker (Docker's repository, docker-compose-plugin) for it"
+            '(Compose v1): 1Panel\'s apps want Compose v2 (docker compose); set "docker_source": '
+            '"docker" (Docker\'s repository, docker-compose-plugin) for it'
         )
     return names, warning
 
