@@ -1,7 +1,8 @@
 """The reference box: 2x Tesla V100-SXM2-32GB joined by NVLink, Ubuntu 24.04.
 
-Copy to inventories/mybox.py and set the address. Every key is documented in the README
-(and declared once in src/gpubox/config/keys.py)."""
+Copy to inventories/mybox.py and set the address. Every key, with its type, default and
+meaning, is in docs/keys.md (or `gpubox keys`); each is written as Python, as here
+("allow_reboot": True). The reference desktop, step by step: docs/walkthrough.md."""
 
 box = {
     "ssh_hostname": "192.0.2.10",  # your box's address (this one is a documentation address)

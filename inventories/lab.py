@@ -21,6 +21,8 @@ lab = (
                 "backend": "none",
             },
         ),
+        # its API on port 8081 instead of 8080, e.g. where 8080 is taken by another service;
+        # api_port is per host, so the group's other hosts keep 8080
         ("gpu3", {"ssh_hostname": "192.0.2.13", "api_port": 8081}),
     ],
     {

@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from gpubox import cli
+from gpubox.config.keys import KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -312,3 +313,82 @@ def test_every_known_stale_entry_is_still_shown():
     shown = {s.key for s in SHOWN} | {s.key for s in shown_tests()}
     gone = sorted(KNOWN_STALE - shown)
     assert gone == [], f"no longer in the docs, take out of KNOWN_STALE: {gone}"
+
+
+# --- The walkthrough (docs/walkthrough.md): its commands are checked above with every page's;
+# here what it says a step exits with, the inventory keys it sets, and that it is the README's
+# first link.
+
+WALKTHROUGH = ROOT / "docs" / "walkthrough.md"
+
+
+def walkthrough_steps() -> list[tuple[str, int | None]]:
+    """The walkthrough's table: (step, the exit code it names, or None)."""
+    text = WALKTHROUGH.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+\. [^|]+?) \| [^|]+ \| *(\d*) *\| [^|]+ \|$", text, re.M)
+    return [(step, int(code) if code else None) for step, code in rows]
+
+
+def test_the_readme_opens_with_the_walkthrough():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert links[0] == "docs/walkthrough.md"
+
+
+def test_each_step_of_the_walkthrough_exits_as_gpubox_deploy_says():
+    from gpubox.remote import reach
+
+    steps = walkthrough_steps()
+    assert len(steps) >= 7 and [s.split(".")[0] for s, _ in steps] == [
+        str(i) for i in range(1, len(steps) + 1)
+    ]
+    code, deploy_help = gpubox_help(("deploy",))
+    assert code == 0
+    deploy_help = " ".join(deploy_help.split())
+    text = WALKTHROUGH.read_text(encoding="utf-8")
+    for step, exit_code in steps:
+        if exit_code is None:
+            continue
+        # a stop for the owner is exit 4 (reach.WAITING), a converged or valid run exit 0
+        assert exit_code == (reach.WAITING if "stops" in step else reach.OK), step
+        assert f"{exit_code} " in deploy_help.split("Exit:", 1)[1], (step, deploy_help)
+        # the step's own section says the same code
+        number = step.split(".")[0]
+        section = text.split(f"\n## {number}. ", 1)[1].split("\n## ", 1)[0]
+        assert f"exit {exit_code}" in section.splitlines()[0], step
+    assert "4 stopped for the owner" in deploy_help
+    assert sum("gpubox deploy inventories/mybox.py" in s.text for s in SHOWN if "walk" in s.page)
+
+
+def test_the_walkthrough_sets_only_keys_an_inventory_takes():
+    """Each `"KEY": VALUE` it shows is valid in the example inventory (gpubox's keys through
+    gpubox's own validation, pyinfra's among pyinfra's own); any other quoted name belongs to the
+    API's request or answer, in the step of the first request."""
+    import ast
+
+    from pyinfra.api.arguments import all_argument_meta
+    from pyinfra.connectors.ssh import SSHConnector
+
+    from gpubox.config import validate
+    from gpubox.remote import inventory
+
+    (_, example), *_ = inventory.load(EXAMPLE)
+    text = WALKTHROUGH.read_text(encoding="utf-8")
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    request = text.split("\n## 7. ", 1)[1].split("\n## ", 1)[0]
+    pyinfra_keys = set(all_argument_meta) | set(SSHConnector.data_meta)
+    shown = [s for s in re.findall(r"`([^`\n]+)`", prose) if re.match(r'^"[a-z_]+":', s)]
+    assert shown
+    for span in shown:
+        try:
+            entries = ast.literal_eval("{" + span.replace('"..."', '"x"') + "}")
+        except ValueError:  # JSON, not Python: only the API's request may show it
+            assert f"`{span}`" in request, span
+            continue
+        for key, value in entries.items():
+            if key in pyinfra_keys:
+                continue
+            if f'"{key}"' in request and key not in {k.name for k in KEYS}:
+                continue  # the API's (stream, max_tokens, finish_reason)
+            _, problems = validate("box", {**example, key: value})
+            assert [p for p in problems if p.severity == "error"] == [], span
