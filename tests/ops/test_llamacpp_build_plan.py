@@ -110,6 +110,44 @@ def test_turning_the_cache_on_or_off_rebuilds_nothing(plan_of):
     assert built(plan)
 
 
+# --------------------------------------------------------------------------- unity builds
+
+
+def test_the_build_batches_the_slow_targets_through_gpuboxs_cmake_file(plan_of):
+    plan = plan_of(backend_stage.backend, DATA, fresh_box("ubuntu2404"))
+    (build,) = plan.op("Build llama-server b11312")
+    unity = f"{D}/llamacpp-unity.cmake"
+    # the file is written beside the source before CMake reads it, then named to CMake
+    assert build.index(f"> {unity};") < build.index(f"cmake -S {D}/src")
+    assert f"-DCMAKE_PROJECT_INCLUDE={unity}" in build
+    text = plan_llamacpp.unity_text()
+    for target in ("llama-common", "server-context", "llama-server-impl", "mtmd"):
+        assert target in text
+    # what stays out (each a compile error or a silent change batched) and ggml, CUDA
+    for name in ("json.cpp", "jinja", "mtmd-helper.cpp", "mtmd-helper-gen.cpp"):
+        assert name in text
+    assert "ggml" not in text.split("include_guard")[1]
+    assert "redefinitions" in build  # a failed build says how to build the pin plainly
+
+
+def test_without_unity_the_build_is_upstreams_and_toggling_it_rebuilds(plan_of):
+    off = {**DATA, "llamacpp_unity": False}
+    plan = plan_of(backend_stage.backend, off, fresh_box("ubuntu2404"))
+    (build,) = plan.op("Build llama-server b11312")
+    assert "unity" not in build and "CMAKE_PROJECT_INCLUDE" not in build
+    assert build_of(off).info != build_of(DATA).info
+    plan = plan_of(backend_stage.backend, DATA, converged(DATA, info=build_of(off).info))
+    assert built(plan)
+    plan = plan_of(backend_stage.backend, DATA, converged(DATA, info=build_of(DATA).info))
+    assert not built(plan)
+
+
+def test_a_changed_unity_file_rebuilds(monkeypatch: pytest.MonkeyPatch):
+    before = build_of(DATA).info
+    monkeypatch.setattr(plan_llamacpp, "unity_text", lambda: "# another batching\n")
+    assert build_of(DATA).info != before
+
+
 # --------------------------------------------------------------------------- NCCL
 
 

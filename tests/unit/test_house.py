@@ -257,11 +257,16 @@ def test_the_commands_import_no_pyinfra_and_patch_nothing_with_gevent():
     assert json.loads(out) == [[], False]
 
 
+# The tables design.md excepts from the size rule: one entry a key or a pin, nothing to split.
+LONG_TABLES = {"gpubox.config.keys": "the inventory keys' table, one Key(...) a key"}
+
+
 def test_no_module_outside_the_sandbox_is_longer_than_about_500_lines():
     long = {
         name: n
         for name, path in modules().items()
         if not name.startswith("gpubox.sandbox")
+        and name not in LONG_TABLES
         and (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert long == {}

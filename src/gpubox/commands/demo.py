@@ -216,7 +216,11 @@ def main() -> int:
     if sandbox("status", check=False, quiet=True).returncode == 0:
         print("== gpubox demo: reusing the sandbox box that is up (make demo-down stops it)")
     else:
-        print("== gpubox demo: sandbox box up (the root filesystem is cached)", flush=True)
+        print(
+            "== gpubox demo: sandbox box up (the root filesystem and the downloads are cached "
+            "after a first run)",
+            flush=True,
+        )
         sandbox("up")
     print("== deploy/full.py against the sandbox box", flush=True)
     run = deploy()

@@ -69,6 +69,7 @@ class KeyFields:
     api_key_file: KeyValue[str] = KeyValue()
     llamacpp_cuda: KeyValue[bool] = KeyValue()
     llamacpp_ccache: KeyValue[bool] = KeyValue()
+    llamacpp_unity: KeyValue[bool] = KeyValue()
     llamacpp_ccache_dir: KeyValue[str] = KeyValue()
     llamacpp_extra_args: KeyValue[list[Any]] = KeyValue()
     llamacpp_split_mode: KeyValue[Literal["layer", "row", "tensor"]] = KeyValue()

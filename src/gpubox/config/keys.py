@@ -331,6 +331,14 @@ KEYS: tuple[Key, ...] = (
         backend="llamacpp",
     ),
     Key(
+        "llamacpp_unity",
+        bool,
+        True,
+        "compile llama.cpp's common library, server and mtmd as unity builds (a third less "
+        "CPU on a cold build); False: upstream's one compile per file",
+        backend="llamacpp",
+    ),
+    Key(
         "llamacpp_ccache_dir",
         str,
         None,

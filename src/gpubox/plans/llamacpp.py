@@ -29,21 +29,31 @@ NCCL: with CUDA on and more than one GPU, the build asks for NCCL (``-DGGML_CUDA
 llama.cpp's all-reduces of ``-sm tensor`` go through it) and refuses to finish when CMake did
 not find it (llama.cpp would only warn, and serve slower); the CUDA stage installs it
 (gpubox.rules.nccl). One GPU, or a CPU build: ``OFF``, so what is linked never depends on what
-else happens to be installed. The flag is in BUILD-INFO: adding NCCL rebuilds."""
+else happens to be installed. The flag is in BUILD-INFO: adding NCCL rebuilds.
+
+Unity builds (``llamacpp_unity``, on by default): the common library, the server and mtmd are
+compiled several files per compiler run, through a CMake file of gpubox's given with
+``-DCMAKE_PROJECT_INCLUDE`` (files/llamacpp-unity.cmake says which targets, which files stay
+out and why); the source is unchanged, CUDA's files are never batched. A cold CPU build of the
+two targets goes from about 220 steps to about 130, a third less CPU. The flag and the file's
+digest are in BUILD-INFO: turning it on or off, or changing the file, rebuilds."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from gpubox.base.rendering import FILES
 from gpubox.config import HostConfig
 from gpubox.rules import nccl
 
 BUILD_INFO = "BUILD-INFO.json"
 BUILD_FILES = "BUILD-FILES"  # size of each file of bin/, recorded after a complete build
 BUILD_LOG = "build.log"  # CMake's and Ninja's output; Ninja's "[n/N]" lines are the progress
+UNITY_FILE = "llamacpp-unity.cmake"  # files/: which targets CMake batches (llamacpp_unity)
 LLAMA_BUILD_PACKAGES = ["cmake", "ninja-build", "g++", "make", "libssl-dev", "curl"]
 TARGETS = ("llama-server", "llama-bench")
 # Where llama.cpp decides, per GPU, whether it may capture CUDA graphs (ggml-cuda.cu):
@@ -86,10 +96,12 @@ class LlamaBuild:
     prefix: str
     ccache_dir: str = ""
     nccl: bool = False  # with cuda: build against NCCL (more than one GPU)
+    unity: bool = False  # batch the slow C++ targets (files/llamacpp-unity.cmake)
 
     binary = _InBuild("bin/llama-server")
     bench = _InBuild("bin/llama-bench")
     log = _InBuild(BUILD_LOG)
+    unity_file = _InBuild(UNITY_FILE)
 
     @property
     def directory(self) -> str:
@@ -136,6 +148,8 @@ class LlamaBuild:
             ]
         else:
             flags.append("-DGGML_CUDA=OFF")
+        if self.unity:
+            flags.append(f"-DCMAKE_PROJECT_INCLUDE={self.unity_file}")
         return flags + self.launcher_flags()
 
     def launcher_flags(self) -> list[str]:
@@ -160,9 +174,19 @@ class LlamaBuild:
                 "tree": self.tree,
                 "targets": list(TARGETS),
                 "flags": [f for f in self.cmake_flags() if f not in launcher],
+                **(
+                    {"unity": hashlib.sha256(unity_text().encode()).hexdigest()}
+                    if self.unity
+                    else {}
+                ),
             },
             sort_keys=True,
         )
+
+
+def unity_text() -> str:
+    """The CMake file that turns the unity builds on (uploaded beside the source)."""
+    return (FILES / UNITY_FILE).read_text(encoding="utf-8")
 
 
 def llama_build(config: HostConfig) -> LlamaBuild:
@@ -182,6 +206,7 @@ def llama_build(config: HostConfig) -> LlamaBuild:
         prefix=llama["prefix"],
         ccache_dir=config.llamacpp_ccache_dir,
         nccl=nccl.wanted(config),
+        unity=config.llamacpp_unity,
     )
 
 

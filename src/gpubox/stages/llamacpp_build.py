@@ -24,6 +24,7 @@ from gpubox.plans.llamacpp import (
     extract_command,
     llama_build,
     source_check_command,
+    unity_text,
 )
 from gpubox.rules import nccl
 
@@ -38,10 +39,18 @@ def build_commands(b: LlamaBuild) -> list[str]:
     cache = q(b.ccache_dir)
     # the cache's paths relative to the build directory (CCACHE_BASEDIR): hits across rebuilds
     env = f"CCACHE_DIR={cache} CCACHE_BASEDIR={d} " if b.ccache else ""
+    # a pin whose files clash in a unity batch fails to compile: say how to build it plainly
+    hint = (
+        "echo 'gpubox: this build batches files (unity); if the errors are redefinitions, "
+        """set "llamacpp_unity": False for this pin' >&2; """
+        if b.unity
+        else ""
+    )
     failed = (
         f"|| {{ rc=$?; echo 'gpubox: the build failed; the end of {b.log}:' >&2; "
-        f"tail -n 40 {log} >&2; exit $rc; }}; "
+        f"tail -n 40 {log} >&2; {hint}exit $rc; }}; "
     )
+    unity = f"printf '%s' {q(unity_text())} > {q(b.unity_file)}; " if b.unity else ""
     make_cache = (
         f"mkdir -p {cache} || {{ echo 'gpubox: cannot create llamacpp_ccache_dir' {cache} >&2; "
         "exit 1; }; "
@@ -75,6 +84,7 @@ def build_commands(b: LlamaBuild) -> list[str]:
         f"( {source_check_command(b.directory + '/src')} ) > {log} 2>&1 " + failed + f"cat {log}; "
         f"echo 'gpubox: building {' and '.join(TARGETS)} {b.tag} (minutes; log: {b.log})'; "
         + make_cache
+        + unity
         + f"{env}cmake -S {d}/src -B {d}/build {' '.join(b.cmake_flags())} >> {log} 2>&1 "
         + failed
         + nccl_found
