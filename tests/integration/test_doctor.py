@@ -404,7 +404,7 @@ def test_nvlink_labels_the_traffic():
 
     plant(traffic)
     try:
-        proc = gpubox("nvlink", demo.INVENTORY, "--count", "3", "--interval", "0.2")
+        proc = gpubox("commands.nvlink", demo.INVENTORY, "--count", "3", "--interval", "0.2")
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert "NVLink traffic on gpubox-sandbox, sample 3" in proc.stdout
         assert "warming up" in proc.stdout  # the first samples of the profiling fields
