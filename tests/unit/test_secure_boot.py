@@ -214,6 +214,63 @@ def test_the_ubuntu_defaults_without_framework_conf(tmp_path: Path) -> None:
     assert (state.key, state.certificate) == secure_boot.DEFAULT_KEYS["ubuntu"]
 
 
+UBUNTU_DEFAULT = ("/var/lib/shim-signed/mok/MOK.priv", "/var/lib/shim-signed/mok/MOK.der")
+DKMS_DEFAULT_KEY, DKMS_DEFAULT_CERT = "/var/lib/dkms/mok.key", "/var/lib/dkms/mok.pub"
+
+
+@pytest.mark.parametrize(
+    "family, conf, conf_d, want",
+    [
+        # mok_signing_key unset: on Ubuntu dkms forces both paths to shim-signed's MOK, even a
+        # mok_certificate that framework.conf sets; on Debian each defaults under /var/lib/dkms
+        ("ubuntu", "", "", UBUNTU_DEFAULT),
+        ("ubuntu", "mok_certificate=/etc/keys/c.der\n", "", UBUNTU_DEFAULT),
+        ("ubuntu", 'mok_signing_key=""\nmok_certificate=/etc/keys/c.der\n', "", UBUNTU_DEFAULT),
+        ("debian", "", "", (DKMS_DEFAULT_KEY, DKMS_DEFAULT_CERT)),
+        ("debian", "mok_certificate=/etc/keys/c.der\n", "", (DKMS_DEFAULT_KEY, "/etc/keys/c.der")),
+        # only mok_signing_key: the certificate is dkms's /var/lib/dkms/mok.pub, on both
+        ("ubuntu", "mok_signing_key=/etc/keys/k.key\n", "", ("/etc/keys/k.key", DKMS_DEFAULT_CERT)),
+        ("debian", "mok_signing_key=/etc/keys/k.key\n", "", ("/etc/keys/k.key", DKMS_DEFAULT_CERT)),
+        # both: as written, whichever file sets them (framework.conf.d/*.conf after the main one)
+        (
+            "ubuntu",
+            "mok_certificate=/etc/keys/c.der\n",
+            "mok_signing_key=/etc/keys/k.key\n",
+            ("/etc/keys/k.key", "/etc/keys/c.der"),
+        ),
+        (
+            "debian",
+            "mok_signing_key=/a.key\nmok_certificate=/a.der\n",
+            "mok_signing_key=/etc/keys/k.key\n",
+            ("/etc/keys/k.key", "/a.der"),
+        ),
+        (
+            "ubuntu",
+            "mok_signing_key=pkcs11:token=x\nmok_certificate=/etc/keys/c.der\n",
+            "",
+            ("pkcs11:token=x", "/etc/keys/c.der"),
+        ),
+    ],
+)
+def test_the_key_paths_are_resolved_as_dkms_prepare_signing_does(
+    tmp_path: Path, family: str, conf: str, conf_d: str, want: tuple[str, str]
+) -> None:
+    """dkms v3.0.10 and v3.0.11 (github.com/dell/dkms, dkms.in, prepare_signing): the state
+    command, run with framework.conf and framework.conf.d pointed into a temporary tree."""
+    (tmp_path / "framework.conf.d").mkdir()
+    if conf:
+        (tmp_path / "framework.conf").write_text(conf)
+    if conf_d:
+        (tmp_path / "framework.conf.d" / "10-keys.conf").write_text(conf_d)
+    command = secure_boot.state_command(family).replace(
+        " ".join(secure_boot.FRAMEWORK_CONF),
+        f"{tmp_path}/framework.conf {tmp_path}/framework.conf.d/*.conf",
+    )
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    state = parse_mok_state(out.stdout)
+    assert (state.key, state.certificate) == want
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_the_debian_key_is_made_as_dkms_makes_it(tmp_path: Path) -> None:
     state = secure_boot.MokState(
@@ -251,6 +308,15 @@ def test_ubuntu_uses_update_secureboot_policy_when_it_is_there() -> None:
     state.has_update_secureboot_policy = False
     command = secure_boot.create_key_command("ubuntu", state)
     assert "Secure Boot Module Signature key" in command and "-outform DER" in command
+    # framework.conf names the key: dkms's prepare_signing makes the pair with its own openssl
+    # command, on Ubuntu too (dkms v3.0.11)
+    state = secure_boot.MokState(
+        key="/etc/keys/k.key",
+        certificate="/var/lib/dkms/mok.pub",
+        has_update_secureboot_policy=True,
+    )
+    command = secure_boot.create_key_command("ubuntu", state)
+    assert secure_boot.DEBIAN_SUBJECT in command and "update-secureboot-policy" not in command
 
 
 def test_one_modinfo_per_module_gives_what_modinfo_f_gives() -> None:

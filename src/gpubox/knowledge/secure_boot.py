@@ -3,15 +3,19 @@
 With Secure Boot on, the kernel loads a module only if it is signed by a key it trusts. The
 driver's module is built on the box by DKMS, which signs it with a Machine Owner Key (MOK):
 
-- Ubuntu: ``/var/lib/shim-signed/mok/MOK.priv`` + ``MOK.der``, created by
-  ``update-secureboot-policy --new-key`` (shim-signed) when missing;
-- Debian 12: ``/var/lib/dkms/mok.key`` + ``mok.pub``, created by dkms itself with
-  ``openssl req ... -subj "/CN=DKMS module signing key"`` when missing;
-- either overridden by ``mok_signing_key`` / ``mok_certificate`` in dkms's
-  ``/etc/dkms/framework.conf`` or ``framework.conf.d/*.conf`` (shell assignments dkms sources,
-  ``$kernelver`` allowed: the state command sources them the same way).
+- its paths come from ``mok_signing_key`` / ``mok_certificate`` in dkms's
+  ``/etc/dkms/framework.conf`` and ``framework.conf.d/*.conf`` (shell assignments dkms sources,
+  ``$kernelver`` allowed: the state command sources them the same way), resolved as dkms's
+  ``prepare_signing`` does (``signing_paths_shell``):
+- Ubuntu with ``mok_signing_key`` unset: both forced to ``/var/lib/shim-signed/mok/MOK.priv`` +
+  ``MOK.der`` (whatever ``mok_certificate`` says), created by ``update-secureboot-policy
+  --new-key`` (shim-signed) when missing;
+- otherwise (Debian 12; Ubuntu with ``mok_signing_key`` set) each one unset defaults to
+  ``/var/lib/dkms/mok.key`` / ``mok.pub``, created by dkms itself with ``openssl req ... -subj
+  "/CN=DKMS module signing key"`` when missing.
 
-(dkms v3.0.10/v3.0.11 ``dkms.in`` ``prepare_signing``; Ubuntu's shim-signed
+(github.com/dell/dkms ``dkms.in`` ``prepare_signing`` at tags v3.0.10, Debian 12's, and
+v3.0.11, Ubuntu 24.04's: the same resolution in both; Ubuntu's shim-signed
 ``update-secureboot-policy``.) The key is trusted once the owner enrolled it: ``mokutil
 --import CERT`` queues it, and the next boot's MokManager screen (shim) asks for the same
 one-time password at the console; unanswered for about 10 seconds, the request is dropped.
@@ -37,7 +41,8 @@ from dataclasses import dataclass, field
 
 from gpubox.parsers.secure_boot import MokState
 
-# Where each distribution's dkms keeps its signing key when framework.conf does not say.
+# Where each distribution's dkms keeps its signing key when framework.conf sets neither path
+# (for "debian", also each path's default wherever dkms does not force Ubuntu's pair).
 DEFAULT_KEYS = {
     "ubuntu": ("/var/lib/shim-signed/mok/MOK.priv", "/var/lib/shim-signed/mok/MOK.der"),
     "debian": ("/var/lib/dkms/mok.key", "/var/lib/dkms/mok.pub"),
@@ -65,19 +70,48 @@ _MODINFO_AWK = (
 )
 
 
+def signing_paths_shell(family: str) -> str:
+    """Shell that sets ``key`` and ``cert`` to the paths dkms signs with, resolved exactly as
+    dkms's own ``prepare_signing`` does. Source: github.com/dell/dkms, ``dkms.in`` at tags
+    v3.0.10 (Debian 12) and v3.0.11 (Ubuntu 24.04), functions ``read_framework_conf`` (each of
+    /etc/dkms/framework.conf, framework.conf.d/*.conf that exists, sourced in turn, with
+    ``$kernelver`` set) and ``prepare_signing``:
+
+        if [[ -z "${mok_signing_key}" ]]; then case "$running_distribution" in ubuntu* )
+            mok_signing_key=/var/lib/shim-signed/mok/MOK.priv
+            mok_certificate=/var/lib/shim-signed/mok/MOK.der ;; esac; fi
+        [ ! "${mok_signing_key}" ] && mok_signing_key=/var/lib/dkms/mok.key
+        [ ! "${mok_certificate}" ] && mok_certificate=/var/lib/dkms/mok.pub
+
+    ``running_distribution`` is ``distro_version``'s: os-release's ID ``ubuntu``, else the
+    first ID_LIKE, else the ID; gpubox's ``family`` (ubuntu, debian) is that value here."""
+    ubuntu_key, ubuntu_cert = DEFAULT_KEYS["ubuntu"]
+    dkms_key, dkms_cert = DEFAULT_KEYS["debian"]
+    confs = " ".join(FRAMEWORK_CONF)
+    forced = (
+        f'[ -z "$mok_signing_key" ] && mok_signing_key={ubuntu_key} '
+        f"&& mok_certificate={ubuntu_cert}; "
+        if family == "ubuntu"
+        else ""
+    )
+    return (
+        "kernelver=$(cat /proc/sys/kernel/osrelease); mok_signing_key=; mok_certificate=; "
+        f'for f in {confs}; do [ -e "$f" ] && . "$f"; done >/dev/null 2>&1; '
+        f"{forced}"
+        f'key="${{mok_signing_key:-{dkms_key}}}"; cert="${{mok_certificate:-{dkms_cert}}}"; '
+    )
+
+
 def state_command(family: str) -> str:
     """One read-only shell command (exits 0) whose output parsers.secure_boot.parse_mok_state
-    reads: the key's paths (framework.conf sourced as dkms sources it), whether they exist,
+    reads: the key's paths (framework.conf sourced and resolved as dkms's prepare_signing
+    does: signing_paths_shell), whether they exist,
     whether shim's validation is off (/proc/sys/kernel/moksbstate_disabled, which Ubuntu's
     update-secureboot-policy reads), mokutil --test-key, the certificate's serial and subject,
     every NVIDIA module DKMS installed for the running kernel (modinfo), and the loaded ones'
     taint."""
-    key, cert = DEFAULT_KEYS.get(family, DEFAULT_KEYS["debian"])
-    confs = " ".join(FRAMEWORK_CONF)
     return (
-        "( kernelver=$(cat /proc/sys/kernel/osrelease); mok_signing_key=; mok_certificate=; "
-        f'for f in {confs}; do [ -f "$f" ] && . "$f"; done >/dev/null 2>&1; '
-        f'key="${{mok_signing_key:-{key}}}"; cert="${{mok_certificate:-{cert}}}"; '
+        f"( {signing_paths_shell(family)}"
         'echo "KEY $key"; echo "CERT $cert"; '
         '{ [ -e "$key" ] || case "$key" in pkcs11:*) true;; *) false;; esac; } '
         "&& echo KEY-EXISTS; "
@@ -101,8 +135,9 @@ def state_command(family: str) -> str:
 def create_key_command(family: str, state: MokState) -> str:
     """Create the signing key where dkms will look for it, the way the distribution's dkms
     does: Ubuntu's default paths through update-secureboot-policy --new-key when it is there
-    (dkms removes MOK.der first); otherwise dkms's own openssl command (Debian's subject; on
-    Ubuntu the subject shim-signed uses). Private key readable by root only."""
+    (dkms removes MOK.der first); otherwise dkms's own openssl command (Debian's subject; for
+    Ubuntu's default pair without update-secureboot-policy, the subject shim-signed uses: dkms
+    itself would not sign then). Private key readable by root only."""
     key, cert = shlex.quote(state.key), shlex.quote(state.certificate)
     folders = sorted(
         {state.key.rsplit("/", 1)[0] or "/", state.certificate.rsplit("/", 1)[0] or "/"}
@@ -111,7 +146,7 @@ def create_key_command(family: str, state: MokState) -> str:
     ubuntu_defaults = (state.key, state.certificate) == DEFAULT_KEYS["ubuntu"]
     if family == "ubuntu" and ubuntu_defaults and state.has_update_secureboot_policy:
         return f"rm -f {cert} && SHIM_NOTRIGGER=y update-secureboot-policy --new-key"
-    if family == "ubuntu":
+    if family == "ubuntu" and ubuntu_defaults:
         subject = '"/CN=$(hostname -s | cut -b1-31) Secure Boot Module Signature key"'
         config = f"$( [ -f {UBUNTU_OPENSSL_CNF} ] && echo '-config {UBUNTU_OPENSSL_CNF}' )"
         return (
