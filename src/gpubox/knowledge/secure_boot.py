@@ -172,12 +172,22 @@ class Gate:
 
 
 def enrollment_steps(certificate: str, pending: bool) -> list[str]:
+    """The owner's steps. A request queued earlier (by dkms, or by Ubuntu's
+    update-secureboot-policy) may hold a password the owner never chose, and a second
+    ``--import`` of a key already in it changes nothing ("SKIP: ... is already in the
+    enrollment request"). ``mokutil --revoke-import`` deletes the whole request (MokNew and
+    MokAuth), and a fresh ``--import`` then queues the key with a password the owner types
+    (mokutil 0.6.0 src/mokutil.c revoke_request, issue_mok_request). A key not in the request
+    needs no revoke: its ``--import`` sets a new password for the whole request."""
+    import_cmd = f"sudo mokutil --import {certificate}"
     first = (
         f"1. The import is already done: {certificate} is in the enrollment request "
-        "(mokutil --test-key says so); nothing to type now."
+        "(mokutil --test-key says so); nothing to type now if you know its password. If you "
+        "do not (dkms or update-secureboot-policy may have queued it): sudo mokutil "
+        f"--revoke-import, then {import_cmd}  (a new one-time password, twice)"
         if pending
-        else f"1. On the box: sudo mokutil --import {certificate}  (it asks for a one-time "
-        "password twice; you type it again at the next boot)"
+        else f"1. On the box: {import_cmd}  (it asks for a one-time password twice; you type "
+        "it again at the next boot)"
     )
     return [
         first,
