@@ -38,6 +38,9 @@ def fixture(name: str) -> str:
         ("blocked", "blocked"),
         ("invalid", "invalid"),
         ("unreadable", "unreadable"),
+        ("read-failed", "unreadable"),
+        ("ca-enrolled", "ca-enrolled"),
+        ("ca-blocked", "blocked"),
     ],
 )
 def test_mokutil_test_key_is_read_from_its_text(name: str, answer: str) -> None:
@@ -173,6 +176,44 @@ def test_a_blocked_or_unreadable_key_is_refused(answer: str) -> None:
     )
     gate = secure_boot.gate("box", "debian", True, parse_mok_state(text), "570.211.01")
     assert gate.action == "refuse" and gate.lines[0].startswith("secure_boot: ")
+
+
+def mok_state_saying(answer_fixture: str) -> secure_boot.MokState:
+    """The recorded enrolled box, mokutil --test-key answering as the fixture does."""
+    line = fixture(f"mokutil-test-key_{answer_fixture}.txt").strip()
+    text = fixture("mok-state_debian12_enrolled.txt").replace(
+        "TEST /var/lib/dkms/mok.pub is already enrolled", f"TEST {line}"
+    )
+    return parse_mok_state(text)
+
+
+def test_a_certificate_mokutil_cannot_read_is_a_refusal_that_says_what_to_do() -> None:
+    """mokutil's "Failed to read FILE" (open worked, read failed: a directory, an I/O error)
+    refuses the deploy with the file and the way out, instead of a parse error."""
+    for answer in ("read-failed", "unreadable"):
+        state = mok_state_saying(answer)
+        gate = secure_boot.gate("box", "debian", True, state, "570.211.01")
+        assert gate.action == "refuse", answer
+        (line,) = gate.lines
+        assert line.startswith("secure_boot: ") and "/var/lib/dkms/mok.pub" in line
+        assert "mok_certificate" in line and "/etc/dkms/framework.conf" in line
+        assert "/var/lib/dkms/mok.key" in line and "run the deploy again" in line
+        assert "not trusted" in secure_boot.module_problems(state)[0]
+
+
+def test_an_enrolled_ca_is_not_the_key_enrolled() -> None:
+    """mokutil's "CA of FILE is already enrolled" (--ca-check) says the issuer is enrolled,
+    not the key: dkms's signature names the key itself, so the deploy stops with the steps."""
+    state = mok_state_saying("ca-enrolled")
+    assert not state.trusted
+    gate = secure_boot.gate("box", "debian", True, state, "570.211.01")
+    assert gate.action == "stop"
+    joined = "\n".join(gate.lines)
+    assert "its CA is" in gate.lines[0]
+    assert "sudo mokutil --import /var/lib/dkms/mok.pub" in joined
+    assert "is not trusted by the firmware" in secure_boot.module_problems(state)[0]
+    blocked = secure_boot.gate("box", "debian", True, mok_state_saying("ca-blocked"), "570")
+    assert blocked.action == "refuse"
 
 
 def test_a_pinned_module_signed_by_another_key_is_refused_other_versions_are_rebuilt() -> None:

@@ -28,7 +28,10 @@ Nothing can do that step for the owner, so the driver stage (``gate``):
   before the driver with the enrollment steps;
 - key not enrolled, or waiting in the enrollment request: stop before the driver with the steps
   (the import already done, in the second case);
-- key blocked (dbx, MokListX) or not a certificate: refused.
+- key blocked (dbx, MokListX; or its CA), not a certificate, or unreadable (mokutil's "Failed
+  to open/read FILE"): refused, saying which file and what to do;
+- only its CA enrolled ("CA of FILE is already enrolled"): not trusted, the steps as for a key
+  not enrolled.
 
 The host check ``driver.secure-boot`` reads the same state on a converged box: every loaded
 NVIDIA module verified by the kernel (no ``E`` taint) and signed by the enrolled key.
@@ -246,8 +249,14 @@ def gate(
             install_mokutil=True,
         )
     answer = state.test_key
-    if answer in ("not-enrolled", "pending"):
-        said = "waits in the enrollment request" if answer == "pending" else "is not enrolled"
+    if answer in ("not-enrolled", "pending", "ca-enrolled"):
+        said = {
+            "pending": "waits in the enrollment request",
+            "not-enrolled": "is not enrolled",
+            # mokutil's "CA of FILE is already enrolled": dkms's signature names the key itself
+            "ca-enrolled": "is not enrolled itself (its CA is: mokutil says 'CA of ... is "
+            "already enrolled'; the kernel checks the module's signature against the key)",
+        }[answer]
         return Gate(
             "stop",
             [
@@ -265,7 +274,20 @@ def gate(
                 "one (or run the deploy, which creates it), then enroll the new certificate"
             ],
         )
-    if answer in ("invalid", "unreadable", "no-efi"):
+    if answer == "unreadable":
+        return Gate(
+            "refuse",
+            [
+                f"secure_boot: mokutil --test-key cannot read {cert} "
+                f"({state.test_key_text.strip()}): DKMS signs with that certificate, so it "
+                "must be a readable file (not a directory, not on a failing disk). If "
+                "mok_certificate in /etc/dkms/framework.conf (or framework.conf.d) names the "
+                "wrong file, fix it; otherwise move it and its key "
+                f"{state.key} aside: the deploy's driver stage then makes a new pair as dkms "
+                "would (or dkms does, on its next build). Then run the deploy again"
+            ],
+        )
+    if answer in ("invalid", "no-efi"):
         return Gate(
             "refuse",
             [
