@@ -174,7 +174,9 @@ def test_no_reboot_allowed_stops_with_a_message(plan_of):
 
 def test_persistence_dropin_and_initramfs(plan_of):
     plan = plan_of(driver_stage.driver, REFERENCE, fresh_box("ubuntu2404"))
-    assert plan.op("Rebuild the initramfs") == ["update-initramfs -u"]
+    # -u alone rebuilds only the newest kernel's initramfs (update-initramfs(8)): the others
+    # would keep nouveau in theirs.
+    assert plan.op("Rebuild the initramfs") == ["update-initramfs -u -k all"]
     (initramfs,) = [n for n in plan.names if "initramfs" in n]
     assert initramfs in plan.conditional  # only when the blacklist file changed
     assert plan.op("nvidia-persistenced running") == ["systemctl start nvidia-persistenced.service"]

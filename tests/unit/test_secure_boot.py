@@ -38,6 +38,9 @@ def fixture(name: str) -> str:
         ("blocked", "blocked"),
         ("invalid", "invalid"),
         ("unreadable", "unreadable"),
+        ("read-failed", "unreadable"),
+        ("ca-enrolled", "ca-enrolled"),
+        ("ca-blocked", "blocked"),
     ],
 )
 def test_mokutil_test_key_is_read_from_its_text(name: str, answer: str) -> None:
@@ -136,7 +139,13 @@ def test_a_pending_request_says_the_import_is_done() -> None:
     assert gate.action == "stop"
     assert "waits in the enrollment request" in gate.lines[0]
     assert "The import is already done" in gate.lines[1]
-    assert "mokutil --import" not in "\n".join(gate.lines)
+    # its password may be one the owner never chose (dkms or update-secureboot-policy queued
+    # it): the way out is to revoke the request and import again (mokutil 0.6.0 --revoke-import)
+    joined = "\n".join(gate.lines)
+    assert "sudo mokutil --revoke-import, then sudo mokutil --import /var/lib/dkms/mok.pub" in (
+        joined
+    )
+    assert joined.index("--revoke-import") < joined.index("Reboot with someone")
 
 
 def test_a_missing_key_is_created_then_the_deploy_stops() -> None:
@@ -167,6 +176,44 @@ def test_a_blocked_or_unreadable_key_is_refused(answer: str) -> None:
     )
     gate = secure_boot.gate("box", "debian", True, parse_mok_state(text), "570.211.01")
     assert gate.action == "refuse" and gate.lines[0].startswith("secure_boot: ")
+
+
+def mok_state_saying(answer_fixture: str) -> secure_boot.MokState:
+    """The recorded enrolled box, mokutil --test-key answering as the fixture does."""
+    line = fixture(f"mokutil-test-key_{answer_fixture}.txt").strip()
+    text = fixture("mok-state_debian12_enrolled.txt").replace(
+        "TEST /var/lib/dkms/mok.pub is already enrolled", f"TEST {line}"
+    )
+    return parse_mok_state(text)
+
+
+def test_a_certificate_mokutil_cannot_read_is_a_refusal_that_says_what_to_do() -> None:
+    """mokutil's "Failed to read FILE" (open worked, read failed: a directory, an I/O error)
+    refuses the deploy with the file and the way out, instead of a parse error."""
+    for answer in ("read-failed", "unreadable"):
+        state = mok_state_saying(answer)
+        gate = secure_boot.gate("box", "debian", True, state, "570.211.01")
+        assert gate.action == "refuse", answer
+        (line,) = gate.lines
+        assert line.startswith("secure_boot: ") and "/var/lib/dkms/mok.pub" in line
+        assert "mok_certificate" in line and "/etc/dkms/framework.conf" in line
+        assert "/var/lib/dkms/mok.key" in line and "run the deploy again" in line
+        assert "not trusted" in secure_boot.module_problems(state)[0]
+
+
+def test_an_enrolled_ca_is_not_the_key_enrolled() -> None:
+    """mokutil's "CA of FILE is already enrolled" (--ca-check) says the issuer is enrolled,
+    not the key: dkms's signature names the key itself, so the deploy stops with the steps."""
+    state = mok_state_saying("ca-enrolled")
+    assert not state.trusted
+    gate = secure_boot.gate("box", "debian", True, state, "570.211.01")
+    assert gate.action == "stop"
+    joined = "\n".join(gate.lines)
+    assert "its CA is" in gate.lines[0]
+    assert "sudo mokutil --import /var/lib/dkms/mok.pub" in joined
+    assert "is not trusted by the firmware" in secure_boot.module_problems(state)[0]
+    blocked = secure_boot.gate("box", "debian", True, mok_state_saying("ca-blocked"), "570")
+    assert blocked.action == "refuse"
 
 
 def test_a_pinned_module_signed_by_another_key_is_refused_other_versions_are_rebuilt() -> None:
@@ -214,6 +261,63 @@ def test_the_ubuntu_defaults_without_framework_conf(tmp_path: Path) -> None:
     assert (state.key, state.certificate) == secure_boot.DEFAULT_KEYS["ubuntu"]
 
 
+UBUNTU_DEFAULT = ("/var/lib/shim-signed/mok/MOK.priv", "/var/lib/shim-signed/mok/MOK.der")
+DKMS_DEFAULT_KEY, DKMS_DEFAULT_CERT = "/var/lib/dkms/mok.key", "/var/lib/dkms/mok.pub"
+
+
+@pytest.mark.parametrize(
+    "family, conf, conf_d, want",
+    [
+        # mok_signing_key unset: on Ubuntu dkms forces both paths to shim-signed's MOK, even a
+        # mok_certificate that framework.conf sets; on Debian each defaults under /var/lib/dkms
+        ("ubuntu", "", "", UBUNTU_DEFAULT),
+        ("ubuntu", "mok_certificate=/etc/keys/c.der\n", "", UBUNTU_DEFAULT),
+        ("ubuntu", 'mok_signing_key=""\nmok_certificate=/etc/keys/c.der\n', "", UBUNTU_DEFAULT),
+        ("debian", "", "", (DKMS_DEFAULT_KEY, DKMS_DEFAULT_CERT)),
+        ("debian", "mok_certificate=/etc/keys/c.der\n", "", (DKMS_DEFAULT_KEY, "/etc/keys/c.der")),
+        # only mok_signing_key: the certificate is dkms's /var/lib/dkms/mok.pub, on both
+        ("ubuntu", "mok_signing_key=/etc/keys/k.key\n", "", ("/etc/keys/k.key", DKMS_DEFAULT_CERT)),
+        ("debian", "mok_signing_key=/etc/keys/k.key\n", "", ("/etc/keys/k.key", DKMS_DEFAULT_CERT)),
+        # both: as written, whichever file sets them (framework.conf.d/*.conf after the main one)
+        (
+            "ubuntu",
+            "mok_certificate=/etc/keys/c.der\n",
+            "mok_signing_key=/etc/keys/k.key\n",
+            ("/etc/keys/k.key", "/etc/keys/c.der"),
+        ),
+        (
+            "debian",
+            "mok_signing_key=/a.key\nmok_certificate=/a.der\n",
+            "mok_signing_key=/etc/keys/k.key\n",
+            ("/etc/keys/k.key", "/a.der"),
+        ),
+        (
+            "ubuntu",
+            "mok_signing_key=pkcs11:token=x\nmok_certificate=/etc/keys/c.der\n",
+            "",
+            ("pkcs11:token=x", "/etc/keys/c.der"),
+        ),
+    ],
+)
+def test_the_key_paths_are_resolved_as_dkms_prepare_signing_does(
+    tmp_path: Path, family: str, conf: str, conf_d: str, want: tuple[str, str]
+) -> None:
+    """dkms v3.0.10 and v3.0.11 (github.com/dell/dkms, dkms.in, prepare_signing): the state
+    command, run with framework.conf and framework.conf.d pointed into a temporary tree."""
+    (tmp_path / "framework.conf.d").mkdir()
+    if conf:
+        (tmp_path / "framework.conf").write_text(conf)
+    if conf_d:
+        (tmp_path / "framework.conf.d" / "10-keys.conf").write_text(conf_d)
+    command = secure_boot.state_command(family).replace(
+        " ".join(secure_boot.FRAMEWORK_CONF),
+        f"{tmp_path}/framework.conf {tmp_path}/framework.conf.d/*.conf",
+    )
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    state = parse_mok_state(out.stdout)
+    assert (state.key, state.certificate) == want
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_the_debian_key_is_made_as_dkms_makes_it(tmp_path: Path) -> None:
     state = secure_boot.MokState(
@@ -251,6 +355,15 @@ def test_ubuntu_uses_update_secureboot_policy_when_it_is_there() -> None:
     state.has_update_secureboot_policy = False
     command = secure_boot.create_key_command("ubuntu", state)
     assert "Secure Boot Module Signature key" in command and "-outform DER" in command
+    # framework.conf names the key: dkms's prepare_signing makes the pair with its own openssl
+    # command, on Ubuntu too (dkms v3.0.11)
+    state = secure_boot.MokState(
+        key="/etc/keys/k.key",
+        certificate="/var/lib/dkms/mok.pub",
+        has_update_secureboot_policy=True,
+    )
+    command = secure_boot.create_key_command("ubuntu", state)
+    assert secure_boot.DEBIAN_SUBJECT in command and "update-secureboot-policy" not in command
 
 
 def test_one_modinfo_per_module_gives_what_modinfo_f_gives() -> None:

@@ -3,15 +3,19 @@
 With Secure Boot on, the kernel loads a module only if it is signed by a key it trusts. The
 driver's module is built on the box by DKMS, which signs it with a Machine Owner Key (MOK):
 
-- Ubuntu: ``/var/lib/shim-signed/mok/MOK.priv`` + ``MOK.der``, created by
-  ``update-secureboot-policy --new-key`` (shim-signed) when missing;
-- Debian 12: ``/var/lib/dkms/mok.key`` + ``mok.pub``, created by dkms itself with
-  ``openssl req ... -subj "/CN=DKMS module signing key"`` when missing;
-- either overridden by ``mok_signing_key`` / ``mok_certificate`` in dkms's
-  ``/etc/dkms/framework.conf`` or ``framework.conf.d/*.conf`` (shell assignments dkms sources,
-  ``$kernelver`` allowed: the state command sources them the same way).
+- its paths come from ``mok_signing_key`` / ``mok_certificate`` in dkms's
+  ``/etc/dkms/framework.conf`` and ``framework.conf.d/*.conf`` (shell assignments dkms sources,
+  ``$kernelver`` allowed: the state command sources them the same way), resolved as dkms's
+  ``prepare_signing`` does (``signing_paths_shell``):
+- Ubuntu with ``mok_signing_key`` unset: both forced to ``/var/lib/shim-signed/mok/MOK.priv`` +
+  ``MOK.der`` (whatever ``mok_certificate`` says), created by ``update-secureboot-policy
+  --new-key`` (shim-signed) when missing;
+- otherwise (Debian 12; Ubuntu with ``mok_signing_key`` set) each one unset defaults to
+  ``/var/lib/dkms/mok.key`` / ``mok.pub``, created by dkms itself with ``openssl req ... -subj
+  "/CN=DKMS module signing key"`` when missing.
 
-(dkms v3.0.10/v3.0.11 ``dkms.in`` ``prepare_signing``; Ubuntu's shim-signed
+(github.com/dell/dkms ``dkms.in`` ``prepare_signing`` at tags v3.0.10, Debian 12's, and
+v3.0.11, Ubuntu 24.04's: the same resolution in both; Ubuntu's shim-signed
 ``update-secureboot-policy``.) The key is trusted once the owner enrolled it: ``mokutil
 --import CERT`` queues it, and the next boot's MokManager screen (shim) asks for the same
 one-time password at the console; unanswered for about 10 seconds, the request is dropped.
@@ -24,7 +28,10 @@ Nothing can do that step for the owner, so the driver stage (``gate``):
   before the driver with the enrollment steps;
 - key not enrolled, or waiting in the enrollment request: stop before the driver with the steps
   (the import already done, in the second case);
-- key blocked (dbx, MokListX) or not a certificate: refused.
+- key blocked (dbx, MokListX; or its CA), not a certificate, or unreadable (mokutil's "Failed
+  to open/read FILE"): refused, saying which file and what to do;
+- only its CA enrolled ("CA of FILE is already enrolled"): not trusted, the steps as for a key
+  not enrolled.
 
 The host check ``driver.secure-boot`` reads the same state on a converged box: every loaded
 NVIDIA module verified by the kernel (no ``E`` taint) and signed by the enrolled key.
@@ -37,7 +44,8 @@ from dataclasses import dataclass, field
 
 from gpubox.parsers.secure_boot import MokState
 
-# Where each distribution's dkms keeps its signing key when framework.conf does not say.
+# Where each distribution's dkms keeps its signing key when framework.conf sets neither path
+# (for "debian", also each path's default wherever dkms does not force Ubuntu's pair).
 DEFAULT_KEYS = {
     "ubuntu": ("/var/lib/shim-signed/mok/MOK.priv", "/var/lib/shim-signed/mok/MOK.der"),
     "debian": ("/var/lib/dkms/mok.key", "/var/lib/dkms/mok.pub"),
@@ -65,19 +73,48 @@ _MODINFO_AWK = (
 )
 
 
+def signing_paths_shell(family: str) -> str:
+    """Shell that sets ``key`` and ``cert`` to the paths dkms signs with, resolved exactly as
+    dkms's own ``prepare_signing`` does. Source: github.com/dell/dkms, ``dkms.in`` at tags
+    v3.0.10 (Debian 12) and v3.0.11 (Ubuntu 24.04), functions ``read_framework_conf`` (each of
+    /etc/dkms/framework.conf, framework.conf.d/*.conf that exists, sourced in turn, with
+    ``$kernelver`` set) and ``prepare_signing``:
+
+        if [[ -z "${mok_signing_key}" ]]; then case "$running_distribution" in ubuntu* )
+            mok_signing_key=/var/lib/shim-signed/mok/MOK.priv
+            mok_certificate=/var/lib/shim-signed/mok/MOK.der ;; esac; fi
+        [ ! "${mok_signing_key}" ] && mok_signing_key=/var/lib/dkms/mok.key
+        [ ! "${mok_certificate}" ] && mok_certificate=/var/lib/dkms/mok.pub
+
+    ``running_distribution`` is ``distro_version``'s: os-release's ID ``ubuntu``, else the
+    first ID_LIKE, else the ID; gpubox's ``family`` (ubuntu, debian) is that value here."""
+    ubuntu_key, ubuntu_cert = DEFAULT_KEYS["ubuntu"]
+    dkms_key, dkms_cert = DEFAULT_KEYS["debian"]
+    confs = " ".join(FRAMEWORK_CONF)
+    forced = (
+        f'[ -z "$mok_signing_key" ] && mok_signing_key={ubuntu_key} '
+        f"&& mok_certificate={ubuntu_cert}; "
+        if family == "ubuntu"
+        else ""
+    )
+    return (
+        "kernelver=$(cat /proc/sys/kernel/osrelease); mok_signing_key=; mok_certificate=; "
+        f'for f in {confs}; do [ -e "$f" ] && . "$f"; done >/dev/null 2>&1; '
+        f"{forced}"
+        f'key="${{mok_signing_key:-{dkms_key}}}"; cert="${{mok_certificate:-{dkms_cert}}}"; '
+    )
+
+
 def state_command(family: str) -> str:
     """One read-only shell command (exits 0) whose output parsers.secure_boot.parse_mok_state
-    reads: the key's paths (framework.conf sourced as dkms sources it), whether they exist,
+    reads: the key's paths (framework.conf sourced and resolved as dkms's prepare_signing
+    does: signing_paths_shell), whether they exist,
     whether shim's validation is off (/proc/sys/kernel/moksbstate_disabled, which Ubuntu's
     update-secureboot-policy reads), mokutil --test-key, the certificate's serial and subject,
     every NVIDIA module DKMS installed for the running kernel (modinfo), and the loaded ones'
     taint."""
-    key, cert = DEFAULT_KEYS.get(family, DEFAULT_KEYS["debian"])
-    confs = " ".join(FRAMEWORK_CONF)
     return (
-        "( kernelver=$(cat /proc/sys/kernel/osrelease); mok_signing_key=; mok_certificate=; "
-        f'for f in {confs}; do [ -f "$f" ] && . "$f"; done >/dev/null 2>&1; '
-        f'key="${{mok_signing_key:-{key}}}"; cert="${{mok_certificate:-{cert}}}"; '
+        f"( {signing_paths_shell(family)}"
         'echo "KEY $key"; echo "CERT $cert"; '
         '{ [ -e "$key" ] || case "$key" in pkcs11:*) true;; *) false;; esac; } '
         "&& echo KEY-EXISTS; "
@@ -101,8 +138,9 @@ def state_command(family: str) -> str:
 def create_key_command(family: str, state: MokState) -> str:
     """Create the signing key where dkms will look for it, the way the distribution's dkms
     does: Ubuntu's default paths through update-secureboot-policy --new-key when it is there
-    (dkms removes MOK.der first); otherwise dkms's own openssl command (Debian's subject; on
-    Ubuntu the subject shim-signed uses). Private key readable by root only."""
+    (dkms removes MOK.der first); otherwise dkms's own openssl command (Debian's subject; for
+    Ubuntu's default pair without update-secureboot-policy, the subject shim-signed uses: dkms
+    itself would not sign then). Private key readable by root only."""
     key, cert = shlex.quote(state.key), shlex.quote(state.certificate)
     folders = sorted(
         {state.key.rsplit("/", 1)[0] or "/", state.certificate.rsplit("/", 1)[0] or "/"}
@@ -111,7 +149,7 @@ def create_key_command(family: str, state: MokState) -> str:
     ubuntu_defaults = (state.key, state.certificate) == DEFAULT_KEYS["ubuntu"]
     if family == "ubuntu" and ubuntu_defaults and state.has_update_secureboot_policy:
         return f"rm -f {cert} && SHIM_NOTRIGGER=y update-secureboot-policy --new-key"
-    if family == "ubuntu":
+    if family == "ubuntu" and ubuntu_defaults:
         subject = '"/CN=$(hostname -s | cut -b1-31) Secure Boot Module Signature key"'
         config = f"$( [ -f {UBUNTU_OPENSSL_CNF} ] && echo '-config {UBUNTU_OPENSSL_CNF}' )"
         return (
@@ -137,12 +175,22 @@ class Gate:
 
 
 def enrollment_steps(certificate: str, pending: bool) -> list[str]:
+    """The owner's steps. A request queued earlier (by dkms, or by Ubuntu's
+    update-secureboot-policy) may hold a password the owner never chose, and a second
+    ``--import`` of a key already in it changes nothing ("SKIP: ... is already in the
+    enrollment request"). ``mokutil --revoke-import`` deletes the whole request (MokNew and
+    MokAuth), and a fresh ``--import`` then queues the key with a password the owner types
+    (mokutil 0.6.0 src/mokutil.c revoke_request, issue_mok_request). A key not in the request
+    needs no revoke: its ``--import`` sets a new password for the whole request."""
+    import_cmd = f"sudo mokutil --import {certificate}"
     first = (
         f"1. The import is already done: {certificate} is in the enrollment request "
-        "(mokutil --test-key says so); nothing to type now."
+        "(mokutil --test-key says so); nothing to type now if you know its password. If you "
+        "do not (dkms or update-secureboot-policy may have queued it): sudo mokutil "
+        f"--revoke-import, then {import_cmd}  (a new one-time password, twice)"
         if pending
-        else f"1. On the box: sudo mokutil --import {certificate}  (it asks for a one-time "
-        "password twice; you type it again at the next boot)"
+        else f"1. On the box: {import_cmd}  (it asks for a one-time password twice; you type "
+        "it again at the next boot)"
     )
     return [
         first,
@@ -201,8 +249,14 @@ def gate(
             install_mokutil=True,
         )
     answer = state.test_key
-    if answer in ("not-enrolled", "pending"):
-        said = "waits in the enrollment request" if answer == "pending" else "is not enrolled"
+    if answer in ("not-enrolled", "pending", "ca-enrolled"):
+        said = {
+            "pending": "waits in the enrollment request",
+            "not-enrolled": "is not enrolled",
+            # mokutil's "CA of FILE is already enrolled": dkms's signature names the key itself
+            "ca-enrolled": "is not enrolled itself (its CA is: mokutil says 'CA of ... is "
+            "already enrolled'; the kernel checks the module's signature against the key)",
+        }[answer]
         return Gate(
             "stop",
             [
@@ -220,7 +274,20 @@ def gate(
                 "one (or run the deploy, which creates it), then enroll the new certificate"
             ],
         )
-    if answer in ("invalid", "unreadable", "no-efi"):
+    if answer == "unreadable":
+        return Gate(
+            "refuse",
+            [
+                f"secure_boot: mokutil --test-key cannot read {cert} "
+                f"({state.test_key_text.strip()}): DKMS signs with that certificate, so it "
+                "must be a readable file (not a directory, not on a failing disk). If "
+                "mok_certificate in /etc/dkms/framework.conf (or framework.conf.d) names the "
+                "wrong file, fix it; otherwise move it and its key "
+                f"{state.key} aside: the deploy's driver stage then makes a new pair as dkms "
+                "would (or dkms does, on its next build). Then run the deploy again"
+            ],
+        )
+    if answer in ("invalid", "no-efi"):
         return Gate(
             "refuse",
             [

@@ -8,8 +8,11 @@ Sources of the texts (tests/fixtures/secureboot, tests/fixtures/SOURCES.md):
   prints "FILE is not enrolled", "FILE is already enrolled", "FILE is already in the enrollment
   request", "FILE is already in db", "FILE is blocked in dbx" / "in MokListXRT", "FILE is
   already in the built-in trusted keyring", "Not a valid x509 certificate", "Failed to open
-  FILE". Its exit status is 0 for "not enrolled" and 1 for "enrolled" in 0.6.0 and inverted in
-  later upstream commits: only the text is read here.
+  FILE", "Failed to read FILE" (opened, but read(2) failed: a directory, an I/O error), and
+  with --ca-check (or a mokutil that forces it) "CA of FILE is already enrolled" / "CA of
+  FILE is blocked": the issuer's state, not the key's (test_key in mokutil.c at tags 0.6.0
+  and 0.7.2, the same strings). Its exit status is 0 for "not enrolled" and 1 for
+  "enrolled" in 0.6.0 and inverted in later upstream commits: only the text is read here.
 - kmod (libkmod-signature.c): ``signer`` is the signing certificate's issuer CN (the subject
   CN of a self-signed MOK), ``sig_key`` its serial number as upper-case colon hex without
   leading zero bytes.
@@ -26,6 +29,10 @@ from gpubox.parsers._common import ParseError, _quote
 
 # mokutil --test-key's answers, in mokutil 0.6.0's words.
 TEST_KEY_ANSWERS = (
+    # first: "CA of FILE is already enrolled" also ends in " is already enrolled"; the key
+    # itself is not enrolled then (the kernel checks a module's signature against the key)
+    ("ca-enrolled", re.compile(r"^CA of .* is already enrolled\s*$", re.M)),
+    ("blocked", re.compile(r"^CA of .* is blocked\s*$", re.M)),
     ("not-enrolled", re.compile(r" is not enrolled\s*$", re.M)),
     ("enrolled", re.compile(r" is already enrolled\s*$", re.M)),
     ("pending", re.compile(r" is already in the enrollment request\s*$", re.M)),
@@ -33,7 +40,7 @@ TEST_KEY_ANSWERS = (
     ("blocked", re.compile(r" is blocked in (dbx|MokListXRT)\s*$", re.M)),
     ("builtin", re.compile(r" is already in the built-in trusted keyring\s*$", re.M)),
     ("invalid", re.compile(r"^Not a valid x509 certificate", re.M)),
-    ("unreadable", re.compile(r"^Failed to open ", re.M)),
+    ("unreadable", re.compile(r"^Failed to (open|read) ", re.M)),
     ("no-efi", re.compile(r"EFI variables are not supported|doesn't support Secure Boot")),
 )
 # The answers under which the kernel trusts the key (MokListRT, the firmware's db, the

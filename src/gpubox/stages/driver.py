@@ -128,9 +128,11 @@ def driver() -> None:
         )
 
     nouveau = managed.put("Blacklist nouveau", layout.NOUVEAU_BLACKLIST)
+    # every installed kernel's: -u alone rebuilds only the newest one's (update-initramfs(8):
+    # "-k all" operates on all installed kernel versions), and booting another would load nouveau
     server.shell(
         name="Rebuild the initramfs without nouveau",
-        commands=["update-initramfs -u"],
+        commands=["update-initramfs -u -k all"],
         _if=nouveau.did_change,
     )
 
