@@ -104,6 +104,7 @@ def test_the_unit_is_enabled_low_priority_and_memory_capped(plan_of):
         "IOSchedulingClass=best-effort",
         "IOSchedulingPriority=7",
         "MemoryMax=2G",
+        "OOMPolicy=continue",  # an OOM kill ends the transfer, the script retries it
         "Restart=no",
         "WantedBy=multi-user.target",
         "After=network-online.target",
@@ -115,6 +116,8 @@ def test_the_unit_is_enabled_low_priority_and_memory_capped(plan_of):
     assert "no new bytes for 30 s (download_stall_s)" in script
     # no Xet client runs on this path: curl over the resolve URL (see docs/models.md)
     assert "hf download" not in script and "hf_xet" not in script
+    # curl retries a connection reset mid-transfer too (issue 29 B3)
+    assert "curl -fsSL --retry 10 --retry-delay 5 --retry-all-errors -C -" in script
     assert load_host_config("b", REFERENCE).download_memory_max == "4G"  # the default cap
 
 

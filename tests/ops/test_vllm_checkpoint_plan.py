@@ -132,6 +132,7 @@ def test_the_unit_caps_xet_and_turns_it_off_after_two_stalls(plan_of):
         "IOSchedulingClass=best-effort",
         "IOSchedulingPriority=7",
         "MemoryMax=3G",
+        "OOMPolicy=continue",  # an OOM kill ends the transfer, the script retries it
         "Restart=no",
         "WantedBy=multi-user.target",
         f"RequiresMountsFor={DIRECTORY}",
@@ -139,8 +140,8 @@ def test_the_unit_caps_xet_and_turns_it_off_after_two_stalls(plan_of):
         assert line in unit.splitlines(), (line, unit)
     assert "no new bytes for 45 s (download_stall_s)" in script
     assert model_script.XET_OFF_AFTER == 2
-    assert '\'if [ "${GPUBOX_STALLS:-0}" -ge 2 ]; then export HF_HUB_DISABLE_XET=1; ' in script
-    assert 'GPUBOX_STALLS=$_gw_stalls setsid sh -c "$1"' in script
+    assert 'elif [ "${GPUBOX_STALLS:-0}" -ge 2 ]; then export HF_HUB_DISABLE_XET=1; ' in script
+    assert 'GPUBOX_STALLS=$_gw_all_stalls GPUBOX_OOMS=$_gw_ooms setsid sh -c "$1"' in script
     # hf's partial files of an earlier run go first: hf 1.x never resumes them
     transfer = shlex.split(script.split("_gw_run ")[-1])[0]  # the quoted transfer, read back
     assert (
@@ -148,6 +149,9 @@ def test_the_unit_caps_xet_and_turns_it_off_after_two_stalls(plan_of):
         in transfer
     )
     assert transfer.index("find") < transfer.index("hf download")
+    # Xet's parallelism bounded from the start; Xet off after an OOM kill (exit 137)
+    assert f"{checkpoint.XET_BOUNDS} " in transfer and "--max-workers 2" in transfer
+    assert 'if [ "${GPUBOX_OOMS:-0}" -gt 0 ]; then export HF_HUB_DISABLE_XET=1; ' in transfer
 
 
 def test_the_token_reaches_the_checkpoint_unit_as_a_credential(plan_of, monkeypatch):

@@ -268,3 +268,19 @@ def test_the_large_test_file_is_the_same_every_time(tmp_path):
     assert a.stat().st_size == hub.LARGE_FILE_SIZE > 10 * 2**20  # over hf's 10 MiB write chunk
     assert a.read_bytes() == b.read_bytes()
     assert hub.ensure_large_file(tmp_path / "a") == a
+
+
+def test_the_box_and_the_sandbox_mirror_ask_for_huggingface_hub_1_18_or_later_below_2():
+    """Issue 29 B4: one requirement, the catalog's, for the box's pip and the sandbox's wheels;
+    before 1.18 hf named its partial files differently and resumed them by appending."""
+    from packaging.requirements import Requirement
+
+    from gpubox import catalog
+
+    text = catalog.load()["hf"]["hub_requirement"]
+    req = Requirement(text)
+    assert req.name == "huggingface_hub" and "hf_xet" in req.extras
+    assert not req.specifier.contains("1.17.9") and req.specifier.contains("1.18.0")
+    assert not req.specifier.contains("2.0.0")
+    source = Path(hub.__file__).read_text()
+    assert 'pypi.ensure_wheels(cache / "pypi", [catalog.load()["hf"]["hub_requirement"]]' in source

@@ -112,7 +112,16 @@ def test_a_download_writes_the_marker_with_the_commit_and_every_files_size(c, tm
     result = run(c, fake_hf(tmp_path, FILES))
     assert result.returncode == 0, result.stderr
     args = (tmp_path / "hf-args").read_text().split()
-    assert args == ["download", REPO, "--revision", COMMIT, "--local-dir", c.directory]
+    assert args == [
+        "download",
+        REPO,
+        "--revision",
+        COMMIT,
+        "--local-dir",
+        c.directory,
+        "--max-workers",
+        str(checkpoint.MAX_WORKERS),
+    ]
     assert (tmp_path / "hf-token-seen").read_text() == "hf_secret"
     assert not (tmp_path / "token").exists()  # removed once the download ended
     marker = Path(c.marker).read_text().splitlines()
@@ -314,6 +323,68 @@ def test_after_two_stalls_hf_runs_with_xet_off_and_no_leftover_is_kept(c, tmp_pa
     assert "gpubox: 2 stalls: hf runs with Xet off (HF_HUB_DISABLE_XET=1)" in result.stdout
     assert (tmp_path / "hf-leftovers").read_text() == ""  # each run found none left
     assert not list(Path(c.directory, ".cache").rglob("*.incomplete"))
+    assert state(c).complete
+
+
+def oom_killed_hf(tmp_path: Path, kills: int) -> Path:
+    """A venv whose bin/hf, on each of its first ``kills`` runs, writes part of a file and is
+    then SIGKILLed as the kernel's OOM killer ends a process at the unit's MemoryMax (exit
+    status 137); the next run downloads FILES. Every run logs its HF_HUB_DISABLE_XET and the
+    hf_xet bounds it got."""
+    venv = fake_hf(tmp_path, FILES)
+    hf = venv / "bin" / "hf"
+    real = venv / "bin" / "hf-real"
+    hf.rename(real)
+    hf.write_text(
+        "#!/bin/sh\n"
+        f"runs=$(cat {tmp_path}/runs 2>/dev/null || echo 0); runs=$((runs + 1)); "
+        f"echo $runs > {tmp_path}/runs\n"
+        f'echo "run $runs xet_off=${{HF_HUB_DISABLE_XET:-}} '
+        f'ac=$HF_XET_CLIENT_AC_MAX_DOWNLOAD_CONCURRENCY" >> {tmp_path}/hf-log\n'
+        f'if [ "$runs" -le {kills} ]; then kill -KILL $$; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    hf.chmod(0o755)
+    return venv
+
+
+def test_an_oom_kill_turns_xet_off_for_the_next_attempt_at_once(c, tmp_path):
+    """Issue 29 B2: an attempt killed for memory (exit 137) is retried, and the retry runs
+    with Xet off, without waiting for stalls; Xet's parallelism is bounded from the start."""
+    result = run(c, oom_killed_hf(tmp_path, kills=1))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "hf-log").read_text().splitlines() == [
+        "run 1 xet_off= ac=8",
+        "run 2 xet_off=1 ac=8",
+    ]
+    assert "exit status 137" in result.stdout
+    assert "hf was killed for memory (exit status 137): hf runs with Xet off" in result.stdout
+    assert state(c).complete
+
+
+def test_failures_that_brought_bytes_do_not_add_up(c, tmp_path, monkeypatch):
+    """Issue 29 B3: the failure count starts again after an attempt during which bytes
+    arrived: more failures than ATTEMPTS, each after some bytes, still end in a download."""
+    monkeypatch.setattr(model_script, "RETRY_S", 0)
+    venv = fake_hf(tmp_path, FILES)
+    hf = venv / "bin" / "hf"
+    real = venv / "bin" / "hf-real"
+    hf.rename(real)
+    failures = model_script.ATTEMPTS + 2
+    hf.write_text(
+        "#!/bin/sh\n"
+        f"runs=$(cat {tmp_path}/runs 2>/dev/null || echo 0); runs=$((runs + 1)); "
+        f"echo $runs > {tmp_path}/runs\n"
+        'dir=; for a in "$@"; do [ -n "$next" ] && dir=$a; next=; '
+        '[ "$a" = --local-dir ] && next=1; done\n'
+        f'if [ "$runs" -le {failures} ]; then '
+        'head -c 1000 /dev/zero > "$dir/done-$runs.bin"; exit 3; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    hf.chmod(0o755)
+    result = run(c, venv)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("the transfer failed (exit status 3)") == failures
     assert state(c).complete
 
 

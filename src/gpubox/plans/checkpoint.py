@@ -20,8 +20,9 @@ commit (``--revision``), so the file list, the total of the progress lines and t
 agree; unknown (no answer), it downloads REV.
 
 The transfer runs under the stall watchdog (model_script.watchdog): no new bytes in the
-directory for download_stall_s restarts it; from the XET_OFF_AFTER-th stall on hf runs with
-``HF_HUB_DISABLE_XET=1``. The unit's MemoryMax caps hf and hf_xet.
+directory for download_stall_s restarts it; from the XET_OFF_AFTER-th stall on, or after an
+attempt killed for memory (exit 137), hf runs with ``HF_HUB_DISABLE_XET=1``. The unit's
+MemoryMax caps hf and hf_xet; XET_BOUNDS and MAX_WORKERS keep them below it.
 
 Complete is recorded beside the directory (``<org>--<name>.gpubox-complete``), written only
 once every file has the size the Hub gave: the repository, the commit, then one line per file
@@ -43,6 +44,25 @@ from gpubox.config import HostConfig
 from gpubox.plans import model_script
 
 MARKER_SUFFIX = ".gpubox-complete"
+# Xet's parallelism and buffers, bounded from the start so that hf with hf_xet stays well under
+# the unit's MemoryMax (download_memory_max, default 4G; hf_xet's RSS was measured at about
+# 15 GB unbounded). Small fixed values: a download in the background of a deploy needs no
+# more, and a box's link is filled by a few streams.
+# - `hf download --max-workers`: the files fetched at once (huggingface_hub 1.x
+#   src/huggingface_hub/cli/download.py, passed to snapshot_download; default 8).
+# - HF_XET_CLIENT_AC_MAX_DOWNLOAD_CONCURRENCY: the most range fetches hf_xet's adaptive
+#   concurrency runs at once (default 64), and HF_XET_RECONSTRUCTION_DOWNLOAD_BUFFER_SIZE /
+#   _LIMIT: its download buffer, base and ceiling (default 2gb / 8gb; the size must not exceed
+#   the limit). Names and defaults: huggingface/xet-core xet_runtime/src/config/groups/
+#   client.rs and reconstruction.rs, and read in hf_xet 1.8.0's binary (what pip installs
+#   with huggingface_hub 1.33, which requires hf-xet>=1.6). hf_xet 1.8.0 no longer reads
+#   HF_XET_NUM_CONCURRENT_RANGE_GETS (the name of older releases), so it is not set.
+MAX_WORKERS = 2
+XET_BOUNDS = (
+    "HF_XET_CLIENT_AC_MAX_DOWNLOAD_CONCURRENCY=8 "
+    "HF_XET_RECONSTRUCTION_DOWNLOAD_BUFFER_SIZE=512mb "
+    "HF_XET_RECONSTRUCTION_DOWNLOAD_BUFFER_LIMIT=1gb"
+)
 CONTAINER_MODELS = "/models"  # where the vLLM container mounts model_dir
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -276,13 +296,19 @@ def download_commands(
     # huggingface_hub 1.x downloads each file into a temporary file named anew by every run
     # (<meta>/NAME.<random>.incomplete): a run that was killed leaves one nobody resumes, so
     # the transfer removes them first. What survives a stop is the files already complete.
+    # Xet off after an OOM kill (exit 137 at the unit's MemoryMax: hf_xet's buffers are what
+    # outgrows it), or from the XET_OFF_AFTER-th stall (a hung hf_xet)
     transfer = (
-        f'if [ "${{GPUBOX_STALLS:-0}}" -ge {model_script.XET_OFF_AFTER} ]; then '
+        'if [ "${GPUBOX_OOMS:-0}" -gt 0 ]; then export HF_HUB_DISABLE_XET=1; '
+        'echo "gpubox: hf was killed for memory (exit status 137): hf runs with Xet off '
+        '(HF_HUB_DISABLE_XET=1)"; '
+        f'elif [ "${{GPUBOX_STALLS:-0}}" -ge {model_script.XET_OFF_AFTER} ]; then '
         "export HF_HUB_DISABLE_XET=1; "
         'echo "gpubox: $GPUBOX_STALLS stalls: hf runs with Xet off (HF_HUB_DISABLE_XET=1)"; fi; '
         f"find {meta} -name '*.incomplete' -type f -exec rm -f {{}} + 2>/dev/null || true; "
         f"HF_ENDPOINT={q(hf_endpoint)} HF_TOKEN=$( [ -s {source} ] && cat {source} ) "
-        f"{quiet} {hf_venv}/bin/hf download {q(c.repo)}{rev} --local-dir {d}"
+        f"{quiet} {XET_BOUNDS} {hf_venv}/bin/hf download {q(c.repo)}{rev} --local-dir {d} "
+        f"--max-workers {MAX_WORKERS}"
     )
     new = c.marker + ".new"
     if listing:

@@ -94,27 +94,44 @@ UNIT_FILE = layout.unit_file(UNIT)
 SCRIPT = "/usr/local/lib/gpubox/model-download.sh"
 CREDENTIAL = "hf-token"  # the unit's LoadCredential= name for the Hugging Face token
 # The stall watchdog samples the bytes every second; a transfer that fails (not a stall) is
-# tried ATTEMPTS times, RETRY_S apart; after MAX_STALLS stalls the download fails. The
-# transfer sees how many stalls came before it in $GPUBOX_STALLS: hf runs with Xet off
-# (HF_HUB_DISABLE_XET=1) from the XET_OFF_AFTER-th (gpubox.plans.checkpoint).
+# tried ATTEMPTS times, RETRY_S apart; after MAX_STALLS stalls the download fails. Both counts
+# start again whenever bytes arrived during an attempt (the watched paths hold more bytes after
+# it than before it), so only attempts in a row that brought nothing end a download of hours.
+# The transfer sees how many stalls came before it in all ($GPUBOX_STALLS, never reset) and how
+# many attempts were killed with exit status 137 ($GPUBOX_OOMS: the kernel's OOM killer at the
+# unit's MemoryMax, which OOMPolicy=continue leaves to the script): hf runs with Xet off
+# (HF_HUB_DISABLE_XET=1) after the first OOM kill, and from the XET_OFF_AFTER-th stall
+# (gpubox.plans.checkpoint).
 ATTEMPTS = 3
 RETRY_S = 5
 MAX_STALLS = 6
 XET_OFF_AFTER = 2
+# curl's own retries. --retry alone retries timeouts and some HTTP answers, not a connection
+# reset in the middle of a transfer (curl(1), --retry); --retry-all-errors retries every error
+# (curl >= 7.71: Debian 12 ships 7.88, Ubuntu 24.04 8.5). A retry inside one curl run throws
+# away what that run wrote (curl's tool_operate.c truncates the file to where the run began);
+# the watchdog's own restart resumes from the bytes on disk.
+CURL_RETRY = "-fsSL --retry 10 --retry-delay 5 --retry-all-errors"
 
-_WATCHDOG = r"""_gw_run() {
+_WATCHDOG = r"""_gw_bytes() {
+  du -sb $1 2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }'
+}
+_gw_run() {
   # $1: the transfer (sh text), run in a session of its own; $2: the paths whose bytes count
   _gw_stalls=0
   _gw_fails=0
+  _gw_all_stalls=0
+  _gw_ooms=0
   while :; do
-    GPUBOX_STALLS=$_gw_stalls setsid sh -c "$1" </dev/null &
+    _gw_before=$(_gw_bytes "$2")
+    GPUBOX_STALLS=$_gw_all_stalls GPUBOX_OOMS=$_gw_ooms setsid sh -c "$1" </dev/null &
     _gw_pid=$!
     _gw_last=
     _gw_quiet=0
     _gw_stalled=
     while kill -0 "$_gw_pid" 2>/dev/null; do
       sleep 1
-      _gw_now=$(du -sb $2 2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }')
+      _gw_now=$(_gw_bytes "$2")
       if [ "$_gw_now" != "$_gw_last" ]; then
         _gw_last=$_gw_now
         _gw_quiet=0
@@ -132,8 +149,14 @@ _WATCHDOG = r"""_gw_run() {
     done
     _gw_rc=0
     wait "$_gw_pid" || _gw_rc=$?
+    # bytes arrived during this attempt: the counts start again
+    if [ "$(_gw_bytes "$2")" -gt "${_gw_before:-0}" ]; then
+      _gw_stalls=0
+      _gw_fails=0
+    fi
     if [ -n "$_gw_stalled" ]; then
       _gw_stalls=$((_gw_stalls + 1))
+      _gw_all_stalls=$((_gw_all_stalls + 1))
       if [ "$_gw_stalls" -ge @MAX_STALLS@ ]; then
         echo "gpubox: the transfer stalled $_gw_stalls times; giving up" >&2
         return 1
@@ -141,6 +164,10 @@ _WATCHDOG = r"""_gw_run() {
       continue
     fi
     [ "$_gw_rc" -eq 0 ] && return 0
+    if [ "$_gw_rc" -eq 137 ]; then
+      _gw_ooms=$((_gw_ooms + 1))
+      echo "gpubox: the transfer was killed (exit status 137: out of memory at MemoryMax?)"
+    fi
     _gw_fails=$((_gw_fails + 1))
     if [ "$_gw_fails" -ge @ATTEMPTS@ ]; then
       echo "gpubox: the transfer failed $_gw_fails times (exit status $_gw_rc)" >&2
@@ -157,8 +184,10 @@ def watchdog(stall_s: int) -> str:
     """The shell function ``_gw_run TRANSFER PATHS``: TRANSFER runs in a session of its own
     until it succeeds; no byte growth of PATHS for ``stall_s`` seconds kills it and starts it
     again (a partial file stays, and is resumed), with the number of stalls so far in its
-    environment (``GPUBOX_STALLS``); a failure is retried ATTEMPTS times; returns 1 after
-    MAX_STALLS stalls, else the last failure's status."""
+    environment (``GPUBOX_STALLS``, all of them) with the number of attempts killed with exit
+    status 137 (``GPUBOX_OOMS``); a failure is retried ATTEMPTS times; returns 1 after
+    MAX_STALLS stalls, else the last failure's status. Both counts start again after an
+    attempt during which bytes arrived."""
     values = {
         "STALL": str(int(stall_s)),
         "MAX_STALLS": str(MAX_STALLS),
@@ -207,7 +236,7 @@ def download_commands(
         assert p.url
         part = q(p.path + ".part")
         # -C -: resume a partial download after an interruption
-        transfer = f"curl -fsSL --retry 10 --retry-delay 5 -C - -o {part} {q(p.url)}"
+        transfer = f"curl {CURL_RETRY} -C - -o {part} {q(p.url)}"
         fetch = (
             watchdog(stall_s)
             + f"_gw_run {q(transfer)} {part}; "
@@ -237,9 +266,7 @@ def download_commands(
         # Xet-stored files over plain HTTP too.
         part = q(p.path + ".part")
         url = hf_resolve_url(p, hf_endpoint)
-        transfer = (
-            f'curl -fsSL --retry 10 --retry-delay 5 -C - -H @"$GPUBOX_AUTH" -o {part} {q(url)}'
-        )
+        transfer = f'curl {CURL_RETRY} -C - -H @"$GPUBOX_AUTH" -o {part} {q(url)}'
         fetch = (
             auth
             + watchdog(stall_s)
@@ -326,8 +353,9 @@ def unit_text_for(what: str, directory: str, memory_max: str, token: bool) -> st
     before any deploy reconnects. Low priority: idle CPU niceness, batch scheduling, the
     lowest best-effort IO priority (not the idle class, which a busy build or apt install
     would starve). MemoryMax caps the transfer, hf_xet included (its RSS was measured at
-    about 15 GB uncapped); the systemd cap is relied on alone, since no hf_xet setting
-    documented for huggingface_hub 1.x caps its memory. The Hugging Face token is a
+    about 15 GB uncapped; gpubox.plans.checkpoint bounds its parallelism and buffers too);
+    OOMPolicy=continue: the OOM killer ends the transfer, and the script retries it (with Xet
+    off), instead of systemd stopping the unit. The Hugging Face token is a
     credential (LoadCredential=, from a root-only file): never on a command line or in an
     Environment= line."""
     credential = f"LoadCredential={CREDENTIAL}:{layout.HF_TOKEN_FILE}\n" if token else ""
@@ -347,6 +375,10 @@ def unit_text_for(what: str, directory: str, memory_max: str, token: bool) -> st
         "IOSchedulingClass=best-effort\n"
         "IOSchedulingPriority=7\n"
         f"MemoryMax={memory_max}\n"
+        # an OOM kill at MemoryMax kills the transfer, not the unit: systemd's default
+        # (DefaultOOMPolicy=stop, systemd.service(5) OOMPolicy=) would stop the whole unit, and
+        # neither the script's retries nor its Xet-off fallback would run
+        "OOMPolicy=continue\n"
         f"{credential}"
         "# retries and the stall watchdog are the script's; a failed download stays failed\n"
         "Restart=no\n"
