@@ -210,6 +210,47 @@ def test_another_version_is_upgraded_with_panel_version_policy_converge(plan_of)
     assert plan.op("1Panel's settings in 1pctl") == [f"{SCRIPT} settings use_existing"]
 
 
+def test_a_newer_panel_is_never_downgraded(plan_of, caplog):
+    """Upgraded from 1Panel's own page (core/app/service/upgrade.go migrated its databases):
+    converge refuses, naming both versions; warn keeps it with a note."""
+    data = {**PANEL, "panel_version_policy": "converge"}
+    with pytest.raises(DeployRefused, match="nothing was changed") as refused:
+        plan_of(panel.panel, data, box("debian12", state=installed("v2.4.0")))
+    assert "1Panel v2.4.0 is installed, newer than the catalog's v2.3.2" in str(refused.value)
+    with caplog.at_level("INFO"):
+        plan = plan_of(panel.panel, PANEL, box("debian12", state=installed("v2.4.0")))
+    assert own_commands(plan) == []
+    assert "1Panel v2.4.0 is installed, newer than the catalog's v2.3.2: kept" in caplog.text
+    assert "the catalog pins" not in caplog.text
+
+
+def test_1pctls_placeholders_after_a_ui_upgrade_are_masked_not_converged(plan_of):
+    """1Panel's upgrade leaves the package's 1pctl (1Panel-dev/installer v2 1pctl: ORIGINAL_PORT=
+    port, ORIGINAL_PASSWORD=password, no PANEL_EDITION): the panel is kept, the placeholder
+    password masked, nothing converged (this deploy nor the next)."""
+    state = "\n".join(installed()).replace(
+        "ORIGINAL_PORT=10100\nORIGINAL_VERSION=v2.3.2\nORIGINAL_USERNAME=gpubox\n"
+        "LANGUAGE=en\nPANEL_EDITION=intl\nPASSWORD=masked",
+        "ORIGINAL_PORT=port\nORIGINAL_VERSION=version\nORIGINAL_USERNAME=username\n"
+        "LANGUAGE=en\nPASSWORD=placeholder",
+    )
+    assert "PASSWORD=placeholder" in state
+    plan = plan_of(panel.panel, PANEL, box("debian12", state=state.splitlines()))
+    assert short(plan.names) == [
+        "Mask the password in 1pctl (install.sh's Check_Ready)",
+        "1panel-core running and enabled",
+        "1panel-agent running and enabled",
+    ]
+    assert own_commands(plan) == [f"{SCRIPT} mask"]
+
+
+def test_an_edition_change_on_an_installed_panel_is_refused(plan_of):
+    state = "\n".join(installed()).replace("PANEL_EDITION=intl", "PANEL_EDITION=cn")
+    with pytest.raises(DeployRefused, match="nothing was changed") as refused:
+        plan_of(panel.panel, PANEL, box("debian12", state=state.splitlines()))
+    assert "panel_edition: the installed panel is the 'cn' edition" in str(refused.value)
+
+
 def test_a_port_that_differs_is_converged_through_change_user_info(plan_of):
     plan = plan_of(panel.panel, PANEL, box("debian12", state=installed(port=20000)))
     assert short(plan.names)[:5] == [

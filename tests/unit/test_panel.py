@@ -280,3 +280,82 @@ def test_the_state_command_reads_1pctl_and_user_info_and_keeps_the_password(tmp_
     clear = run("Clear1234567", "other_path")
     assert clear.ctl["PASSWORD"] == "clear" and clear.entrance == "differs"
     assert run(panel.MASKED, "").entrance == "none"
+    # 1pctl's template after an upgrade from 1Panel's own page: its placeholder, not a password
+    assert run("password", "Entr4nce").ctl["PASSWORD"] == "placeholder"
+
+
+def test_a_newer_panel_is_never_downgraded():
+    """An owner's upgrade from 1Panel's own page (core/app/service/upgrade.go) has migrated
+    the panel's databases: panel_version_policy converge refuses, naming both versions; warn
+    keeps it with a note, and the settings check does not fail on it."""
+    newer = panel.parse_state(state_text(version="v2.4.0\n"))
+    converge = load_host_config("box", {**PANEL, "panel_version_policy": "converge"})
+    refused = panel.plan(converge, newer, EMPTY_DIR)
+    assert refused.action != "upgrade"
+    assert len(refused.refused) == 1
+    assert refused.refused[0].startswith("panel_version_policy: 1Panel v2.4.0 is installed")
+    assert "newer than the catalog's v2.3.2" in refused.refused[0]
+    warn = load_host_config("box", PANEL)
+    kept = panel.plan(warn, newer, EMPTY_DIR)
+    assert (kept.action, kept.warnings, kept.refused) == ("keep", [], [])
+    assert kept.notes == [
+        "1Panel v2.4.0 is installed, newer than the catalog's v2.3.2: kept (gpubox never "
+        "downgrades a panel)"
+    ]
+    assert panel.ctl_problems(warn, newer, None) == []
+    assert panel.ctl_problems(converge, newer, None) == [
+        "1Panel v2.4.0 is installed, the catalog pins v2.3.2"
+    ]
+    # an older one still warns, and converges with converge
+    assert panel.newer_than("v2.10.0", "v2.3.2") and not panel.newer_than("v2.2.5", "v2.3.2")
+    assert not panel.newer_than("unknown", "v2.3.2")
+
+
+# 1pctl after an upgrade from 1Panel's own page: the package's 1pctl (1Panel-dev/installer
+# branch v2 1pctl), only BASE_DIR set by upgrade.go, no PANEL_EDITION line
+TEMPLATE_CTL = (
+    "BASE_DIR=/opt\nORIGINAL_PORT=port\nORIGINAL_VERSION=version\n"
+    "ORIGINAL_USERNAME=username\nLANGUAGE=en\nPASSWORD=placeholder\n"
+)
+
+
+def test_1pctls_template_placeholders_are_no_settings():
+    config = load_host_config("box", PANEL)
+    state = panel.parse_state(state_text(ctl=TEMPLATE_CTL))
+    assert state.from_template and state.edition is None
+    kept = panel.plan(config, state, EMPTY_DIR)
+    assert (kept.action, kept.differs, kept.refused) == ("keep", [], [])
+    assert kept.mask  # the keep path masks the placeholder as Check_Ready would
+    assert panel.ctl_problems(config, state, None) == []
+    unknown = panel.parse_state(state_text(ctl=TEMPLATE_CTL, version=""))
+    assert unknown.installed_version is None
+    at_pin = panel.parse_state(state_text())
+    assert not panel.plan(config, at_pin, EMPTY_DIR).mask
+    clear = panel.parse_state(state_text(ctl="BASE_DIR=/opt\nPANEL_EDITION=intl\nPASSWORD=clear\n"))
+    assert panel.plan(config, clear, EMPTY_DIR).mask
+
+
+def test_an_edition_change_on_an_installed_panel_is_refused():
+    """The core reads its edition from its database; CHANGE_USER_INFO=use_existing (1Panel-dev/
+    1Panel core/init/hook/hook.go) does not copy PANEL_EDITION: refused, never converged."""
+    config = load_host_config("box", PANEL)
+    cn = panel.parse_state(
+        state_text(
+            ctl="BASE_DIR=/opt\nORIGINAL_PORT=10100\nORIGINAL_VERSION=v2.3.2\n"
+            "ORIGINAL_USERNAME=gpubox\nLANGUAGE=en\nPANEL_EDITION=cn\nPASSWORD=masked\n"
+        )
+    )
+    result = panel.plan(config, cn, EMPTY_DIR)
+    assert result.differs == []
+    assert result.refused == [
+        "panel_edition: the installed panel is the 'cn' edition, the inventory says 'intl'; "
+        "1Panel keeps its edition in its database and gpubox cannot change it on an installed "
+        'panel: set "panel_edition": "cn" (or uninstall the panel and deploy again)'
+    ]
+    same = load_host_config("box", {**PANEL, "panel_edition": "cn"})
+    assert panel.plan(same, cn, EMPTY_DIR).refused == []
+    # no PANEL_EDITION line: the edition is not known, nothing refused nor converged
+    none = panel.parse_state(
+        state_text(ctl="BASE_DIR=/opt\nORIGINAL_PORT=10100\nPASSWORD=masked\n")
+    )
+    assert (panel.plan(config, none, EMPTY_DIR).refused, none.edition) == ([], None)

@@ -92,8 +92,9 @@ CHECKS = [
     ),
     Check(
         "panel.settings",
-        "the panel's port, user, entrance and version are the inventory's; its password is "
-        "masked in 1pctl",
+        "the panel's port, user and entrance are the inventory's, its version the catalog's "
+        '(a newer one passes with "panel_version_policy": "warn"); its password is masked in '
+        "1pctl",
         "quick",
         ("panel",),
         settings,

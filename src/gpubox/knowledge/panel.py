@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox.base import layout
-from gpubox.knowledge import reads
+from gpubox.knowledge import apt_versions, reads
 from gpubox.knowledge.reads import section
 from gpubox.parsers import parse_sections
 
@@ -48,6 +48,20 @@ CTL_VARS = (
     "PANEL_EDITION",
     "CHANGE_USER_INFO",
 )
+# The placeholders of 1pctl's template (1Panel-dev/installer branch v2, 1pctl @
+# a364aaa1a8847024b2edd9eabf1dbeb96d534cb5: BASE_DIR=directory, ORIGINAL_PORT=port, ...,
+# ORIGINAL_PASSWORD=password). 1Panel's upgrade from its own page (1Panel-dev/1Panel
+# core/app/service/upgrade.go @ 0306eb53d36481c4279d6af2478a786cf2cd4d37, Upgrade) copies the
+# new package's 1pctl over the old one and sets only BASE_DIR in it (sed): after it, 1pctl holds
+# these. They are no settings: the panel's live ones are in its database.
+PLACEHOLDERS = {
+    "BASE_DIR": "directory",
+    "ORIGINAL_PORT": "port",
+    "ORIGINAL_VERSION": "version",
+    "ORIGINAL_ENTRANCE": "entrance",
+    "ORIGINAL_USERNAME": "username",
+    "ORIGINAL_PASSWORD": "password",
+}
 
 
 def onepanel_arch(dpkg_arch: str) -> str | None:
@@ -115,6 +129,8 @@ def state_command(config: Any) -> str:
             section("ctl"),
             f"if [ -f {ctl} ]; then grep -E '^({names})=' {ctl}",
             f"if grep -qxF 'ORIGINAL_PASSWORD={MASKED}' {ctl}; then echo PASSWORD=masked; "
+            f"elif grep -qxF 'ORIGINAL_PASSWORD={PLACEHOLDERS['ORIGINAL_PASSWORD']}' {ctl}; "
+            "then echo PASSWORD=placeholder; "
             f"elif grep -q '^ORIGINAL_PASSWORD=' {ctl}; then echo PASSWORD=clear; fi; fi",
             section("units"),
             reads.UNIT_STATES.command_for(layout.PANEL_CORE, layout.PANEL_AGENT),
@@ -174,8 +190,29 @@ class PanelState:
         return bool(self.ctl)
 
     @property
+    def from_template(self) -> bool:
+        """Whether 1pctl holds its template's placeholders (after an upgrade from 1Panel's
+        own page, PLACEHOLDERS): its ORIGINAL_* and PANEL_EDITION then say nothing of the
+        panel."""
+        return (
+            self.ctl.get("ORIGINAL_PORT") == PLACEHOLDERS["ORIGINAL_PORT"]
+            or self.ctl.get("PASSWORD") == "placeholder"
+        )
+
+    @property
     def installed_version(self) -> str | None:
-        return self.version or self.ctl.get("ORIGINAL_VERSION") or None
+        recorded = self.ctl.get("ORIGINAL_VERSION")
+        if recorded == PLACEHOLDERS["ORIGINAL_VERSION"]:
+            recorded = None
+        return self.version or recorded or None
+
+    @property
+    def edition(self) -> str | None:
+        """The edition 1pctl records (PANEL_EDITION, written at the install); None when 1pctl
+        has none or holds the template's (the package's 1pctl, not the install's)."""
+        if self.from_template:
+            return None
+        return self.ctl.get("PANEL_EDITION") or None
 
     def unit(self, name: str) -> tuple[str, str]:
         """(ActiveState, UnitFileState) of a unit; "missing" for one systemd does not know."""
@@ -277,6 +314,8 @@ class PanelPlan:
     use_existing: bool = False  # 1pctl's CHANGE_USER_INFO=use_existing (the data is kept)
     differs: list[str] = field(default_factory=list)  # the settings that differ
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # logged, never a failure
+    mask: bool = False  # gpubox-panel mask at the end (install.sh's Check_Ready)
     refused: list[str] = field(default_factory=list)  # (key, why) as "key: why"
 
 
@@ -293,9 +332,32 @@ def settings_differ(
         differs.append("panel_entrance (the panel's is not gpubox's)")
     if password_new:
         differs.append(f"the password ({layout.PANEL_PASSWORD} was missing: a new one is set)")
-    if state.ctl.get("PANEL_EDITION", "cn") != config.panel_edition:
-        differs.append(f"panel_edition (the panel has {state.ctl.get('PANEL_EDITION', 'cn')})")
+    # never the edition: an installed panel's is refused when it differs (edition_problem)
     return differs
+
+
+def newer_than(version: str, pin: str) -> bool:
+    """Whether 1Panel ``version`` ("v2.3.3") is newer than ``pin``: compared in dpkg's order
+    without the "v" (gpubox.knowledge.apt_versions); False for an unknown version."""
+    if not version.startswith("v") or not pin.startswith("v"):
+        return False
+    return apt_versions.compare(version[1:], pin[1:]) > 0
+
+
+def edition_problem(config: Any, state: PanelState) -> str | None:
+    """An installed panel of another edition than panel_edition: refused, never converged.
+    1Panel v2's core reads its edition from its database (core.db), and the use_existing hook
+    of CHANGE_USER_INFO (1Panel-dev/1Panel core/init/hook/hook.go) copies the port, user,
+    password and entrance from 1pctl, not the edition: PANEL_EDITION written into 1pctl would
+    change nothing but 1pctl. None when 1pctl records no edition of the install."""
+    if state.edition is None or state.edition == config.panel_edition:
+        return None
+    return (
+        f"panel_edition: the installed panel is the {state.edition!r} edition, the inventory "
+        f"says {config.panel_edition!r}; 1Panel keeps its edition in its database and gpubox "
+        f'cannot change it on an installed panel: set "panel_edition": "{state.edition}" '
+        "(or uninstall the panel and deploy again)"
+    )
 
 
 def plan(
@@ -305,8 +367,9 @@ def plan(
     entrance_changes: bool = False,
     password_new: bool = False,
 ) -> PanelPlan:
-    """What the stage does: install, upgrade (panel_version_policy converge), converge the
-    settings, or keep; and what it refuses, before anything changes."""
+    """What the stage does: install, upgrade (panel_version_policy converge, never to an older
+    version), converge the settings (never the edition), or keep; whether it masks the password
+    in 1pctl at the end; and what it refuses, before anything changes."""
     pin = str(config.catalog["panel"]["onepanel"]["version"])
     run = f"{config.panel_dir.rstrip('/')}/1panel"
     result = PanelPlan("keep")
@@ -315,6 +378,7 @@ def plan(
     if not state.installed:
         result.action = "install"
         result.use_existing = where.db
+        result.mask = True
         if problem:
             result.refused.append(f"panel: {problem}")
         if where.full and not where.db and not where.marker:
@@ -342,11 +406,30 @@ def plan(
             f'{run}: set "panel_dir": "{base}" (gpubox does not move a panel\'s data)'
         )
     result.differs = settings_differ(config, state, entrance_changes, password_new)
+    edition = edition_problem(config, state)
+    if edition:
+        result.refused.append(edition)
     if result.differs and state.port != config.panel_port and foreign:
         result.refused.append(
             f"panel_port: {config.panel_port} is taken by another program: {foreign[0]}"
         )
-    if version != pin:
+    if version != pin and newer_than(version, pin):
+        # 1Panel's own upgrade (core/app/service/upgrade.go) has migrated its databases and
+        # 1Panel has no downgrade but its own rollback: never installed over
+        if config.panel_version_policy == "converge":
+            result.refused.append(
+                f"panel_version_policy: 1Panel {version} is installed, newer than the "
+                f"catalog's {pin}; gpubox never downgrades a panel (1Panel's upgrade has "
+                "migrated its databases, only 1Panel's own rollback goes back): set "
+                f"catalog_overrides panel.onepanel.version to {version!r} (with its sha256), "
+                'or "panel_version_policy": "warn"'
+            )
+        else:
+            result.notes.append(
+                f"1Panel {version} is installed, newer than the catalog's {pin}: kept "
+                "(gpubox never downgrades a panel)"
+            )
+    elif version != pin:
         if config.panel_version_policy == "converge":
             result.action = "upgrade"
             if problem:
@@ -359,6 +442,9 @@ def plan(
     if result.action == "keep" and result.differs:
         result.action = "converge"
     result.use_existing = result.action in ("upgrade", "converge")
+    # every path ends with the password masked in 1pctl: a kept panel's too when its 1pctl holds
+    # it in clear (a run stopped before its mask step) or the template's placeholder
+    result.mask = result.action != "keep" or state.ctl.get("PASSWORD") in ("clear", "placeholder")
     return result
 
 
@@ -379,8 +465,12 @@ def ctl_problems(config: Any, state: PanelState, entrance_sha256: str | None) ->
     elif entrance_sha256 and state.entrance_sha256 != entrance_sha256:
         found.append("the entrance kept by gpubox is not the inventory's panel_entrance")
     pin = str(config.catalog["panel"]["onepanel"]["version"])
-    if state.installed_version != pin:
-        found.append(f"1Panel {state.installed_version} is installed, the catalog pins {pin}")
+    version = state.installed_version
+    newer_kept = (
+        version is not None and newer_than(version, pin) and config.panel_version_policy == "warn"
+    )
+    if version != pin and not newer_kept:
+        found.append(f"1Panel {version} is installed, the catalog pins {pin}")
     if state.ctl.get("PASSWORD") == "clear":
         found.append(f"{layout.PANEL_CTL} holds the password in clear (not masked)")
     return found

@@ -182,6 +182,8 @@ def panel() -> None:
         refuse(config, plan.refused)
     for warning in plan.warnings:
         logger.warning(f"{host.name}: panel: {warning}")
+    for note in plan.notes:
+        logger.info(f"{host.name}: panel: {note}")
     compose, compose_warning = compose_packages(config, target)
     if compose_warning:
         logger.warning(f"{host.name}: panel: {compose_warning}")
@@ -243,6 +245,7 @@ def panel() -> None:
             port=config.panel_port,
             timeout=WAIT_S,
         )
+    if plan.mask:
         step("mask", "Mask the password in 1pctl (install.sh's Check_Ready)")
     for unit in (layout.PANEL_CORE, layout.PANEL_AGENT):
         systemd.service(
