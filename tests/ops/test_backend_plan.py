@@ -215,10 +215,7 @@ def test_fresh_box_builds_generates_a_key_and_waits_for_health(plan_of):
     assert [n for n in plan.names if "Start gpubox-model-download" in n]
     p = plan_model.plan(load_host_config("b", data))
     commands = "".join(model_stage.download_commands(p, "", ""))
-    assert (
-        "curl -fsSL --retry 10 --retry-delay 5 --retry-all-errors -C - -o /srv/models/m.gguf.part"
-        in commands
-    )
+    assert "curl -fsSL --retry 10 --retry-delay 5 -C - -o /srv/models/m.gguf.part" in commands
     assert plan.op("Generate the API key")
     assert [n for n in plan.names if "Wait for the API" in n]
 

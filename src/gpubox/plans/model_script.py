@@ -106,12 +106,14 @@ ATTEMPTS = 3
 RETRY_S = 5
 MAX_STALLS = 6
 XET_OFF_AFTER = 2
-# curl's own retries. --retry alone retries timeouts and some HTTP answers, not a connection
-# reset in the middle of a transfer (curl(1), --retry); --retry-all-errors retries every error
-# (curl >= 7.71: Debian 12 ships 7.88, Ubuntu 24.04 8.5). A retry inside one curl run throws
-# away what that run wrote (curl's tool_operate.c truncates the file to where the run began);
-# the watchdog's own restart resumes from the bytes on disk.
-CURL_RETRY = "-fsSL --retry 10 --retry-delay 5 --retry-all-errors"
+# curl's own retries: --retry, not --retry-all-errors. --retry alone does not retry a
+# connection reset in the middle of a transfer (curl(1)), and that is what gpubox wants: a
+# retry inside one curl run starts again from where that run began (curl's tool_operate.c
+# truncates the file to it), so with --retry-all-errors a reset after 40 GB of a run would
+# fetch those 40 GB again (tests/integration/test_model_download.py's dropped connection saw
+# a whole new GET, no range). curl exits instead, and the watchdog's next attempt resumes from
+# the bytes on disk with a range request (-C -); the counts start again since bytes arrived.
+CURL_RETRY = "-fsSL --retry 10 --retry-delay 5"
 
 _WATCHDOG = r"""_gw_bytes() {
   du -sb $1 2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }'
