@@ -259,8 +259,9 @@ def converged_ubuntu_box() -> dict[object, object]:
         "ii  cuda-toolkit-12-8  12.8.1-1  amd64  toolkit",
         "ii  linux-headers-6.8.0-88-generic  6.8.0-88.89  amd64  headers",
         "ii  linux-headers-generic  6.8.0-88.89  amd64  headers meta",
-        # NCCL (two GPUs, llama.cpp with CUDA) at an older +cuda12.8 build than the newest
-        # offered: it matches the catalog's pattern, so it stays
+        # NCCL left from a tensor split (two GPUs, llama.cpp with CUDA), at an older
+        # +cuda12.8 build than the newest offered: the layer split asks for none, and the
+        # installed packages stay as they are
         "hi  libnccl2  2.25.1-1+cuda12.8  amd64  NCCL",
         "hi  libnccl-dev  2.25.1-1+cuda12.8  amd64  NCCL",
     ]

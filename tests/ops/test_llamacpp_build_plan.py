@@ -1,8 +1,9 @@
 """llama.cpp's build cache and NCCL, as the stages plan them: ccache on by default with its
 directory on the models' volume (a rebuild with the same inputs compiles nothing again), the
-launcher kept out of BUILD-INFO; NCCL installed by the CUDA stage and built in when CUDA is on
-and the box has more than one GPU (the flag in BUILD-INFO, so adding it rebuilds), never for
-the CPU build the sandbox runs."""
+launcher kept out of BUILD-INFO; NCCL installed by the CUDA stage and built in when CUDA is on,
+the box has more than one GPU and llama.cpp splits by tensor (the one split whose all-reduces
+go through NCCL; the flag in BUILD-INFO, so adding it rebuilds), never for the layer or row
+split, nor for the CPU build the sandbox runs."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ DATA = {
     "model_sha256": "ab" * 32,
 }
 D = "/opt/llama.cpp/b11312"
+# The tensor split: its all-reduces are the only use llama.cpp makes of NCCL.
+TENSOR = {**DATA, "llamacpp_split_mode": "tensor"}
 # The sandbox's llama.cpp: two (stand-in) GPUs, built for the CPU.
 SANDBOX_LIKE = {**DATA, "llamacpp_cuda": False}
 # One V100: a model small enough for it (the catalog's needs two).
@@ -151,8 +154,8 @@ def test_a_changed_unity_file_rebuilds(monkeypatch: pytest.MonkeyPatch):
 # --------------------------------------------------------------------------- NCCL
 
 
-def test_two_gpus_with_cuda_build_with_nccl_and_check_that_cmake_found_it():
-    b = build_of(DATA)
+def test_two_gpus_with_cuda_and_the_tensor_split_build_with_nccl_and_check_that_cmake_found_it():
+    b = build_of(TENSOR)
     assert b.nccl and "-DGGML_CUDA_NCCL=ON" in b.cmake_flags()
     assert "-DGGML_CUDA_NCCL=ON" in json.loads(b.info)["flags"]
     (command,) = llamacpp_build.build_commands(b)
@@ -164,13 +167,13 @@ def test_two_gpus_with_cuda_build_with_nccl_and_check_that_cmake_found_it():
 
 def test_adding_nccl_rebuilds(plan_of):
     # the marker of a build from before NCCL: the same flags without -DGGML_CUDA_NCCL
-    before = json.loads(build_of(DATA).info)
+    before = json.loads(build_of(TENSOR).info)
     before["flags"] = [f for f in before["flags"] if not f.startswith("-DGGML_CUDA_NCCL")]
-    plan = plan_of(backend_stage.backend, DATA, converged(DATA, info=json.dumps(before)))
+    plan = plan_of(backend_stage.backend, TENSOR, converged(TENSOR, info=json.dumps(before)))
     (build,) = plan.op("Build llama-server b11312")
     assert "-DGGML_CUDA_NCCL=ON" in build
     # the marker it writes carries the flag, so the next run builds nothing
-    assert not built(plan_of(backend_stage.backend, DATA, converged(DATA)))
+    assert not built(plan_of(backend_stage.backend, TENSOR, converged(TENSOR)))
 
 
 def test_one_gpu_builds_without_nccl_and_the_cpu_build_never_names_it():
@@ -185,7 +188,7 @@ def test_one_gpu_builds_without_nccl_and_the_cpu_build_never_names_it():
 
 
 def test_the_cuda_stage_installs_and_holds_nccl_for_the_box_cuda(plan_of):
-    plan = plan_of(cuda_stage.cuda, DATA, fresh_box("ubuntu2404"))
+    plan = plan_of(cuda_stage.cuda, TENSOR, fresh_box("ubuntu2404"))
     # the newest +cuda12.8 build the repository offers, not its newer +cuda12.9 one
     nccl_installs = [p for p in plan.installs() if p.startswith("libnccl")]
     assert nccl_installs == ["libnccl2=2.26.2-1+cuda12.8", "libnccl-dev=2.26.2-1+cuda12.8"]
@@ -199,7 +202,10 @@ def test_the_cuda_stage_installs_and_holds_nccl_for_the_box_cuda(plan_of):
 @pytest.mark.parametrize(
     "data",
     [
-        pytest.param(SANDBOX_LIKE, id="cpu-build"),
+        # two GPUs with CUDA, but a split that never all-reduces: layer (the default), row
+        pytest.param(DATA, id="layer-split"),
+        pytest.param({**DATA, "llamacpp_split_mode": "row"}, id="row-split"),
+        pytest.param({**TENSOR, "llamacpp_cuda": False}, id="cpu-build"),
         pytest.param(ONE_GPU, id="one-gpu"),
         pytest.param({**REFERENCE, "backend": "vllm"}, id="vllm"),
         pytest.param({**REFERENCE, "backend": "none"}, id="no-backend"),
@@ -208,6 +214,8 @@ def test_the_cuda_stage_installs_and_holds_nccl_for_the_box_cuda(plan_of):
 def test_no_nccl_where_llama_cpp_does_not_reduce_across_gpus(plan_of, data):
     config = load_host_config("b", data)
     assert not nccl.wanted(config)
+    if config.backend == "llamacpp":
+        assert "-DGGML_CUDA_NCCL=ON" not in build_of(data).cmake_flags()
     one_v100 = {"lspci -Dnn -d 10de:": V100_LSPCI[:-1]} if data is ONE_GPU else {}
     plan = plan_of(cuda_stage.cuda, data, fresh_box("debian12", **one_v100))
     assert [p for p in plan.installs() if p.startswith("cuda-toolkit")]  # the stage ran
@@ -227,19 +235,22 @@ def test_nccl_installed_at_a_matching_build_stays_as_it_is(plan_of):
             "apt-mark showhold": ["libnccl2", "libnccl-dev"],
         },
     )
-    plan = plan_of(cuda_stage.cuda, DATA, answers)
+    plan = plan_of(cuda_stage.cuda, TENSOR, answers)
     assert not [p for p in plan.installs() if p.startswith("libnccl")]
     # ...and one of another CUDA's build is replaced by the box's CUDA's
     answers["dpkg -l"] = [
         line.replace("2.25.1-1+cuda12.8", "2.32.3-1+cuda12.9") for line in answers["dpkg -l"]
     ]
-    plan = plan_of(cuda_stage.cuda, DATA, answers)
+    plan = plan_of(cuda_stage.cuda, TENSOR, answers)
     nccl_installs = [p for p in plan.installs() if p.startswith("libnccl")]
     assert nccl_installs == ["libnccl2=2.26.2-1+cuda12.8", "libnccl-dev=2.26.2-1+cuda12.8"]
 
 
 def test_an_exact_nccl_version_by_override_pins_exactly(plan_of):
-    data = {**DATA, "catalog_overrides": {"cuda.versions.12.8.nccl_version": "2.25.1-1+cuda12.8"}}
+    data = {
+        **TENSOR,
+        "catalog_overrides": {"cuda.versions.12.8.nccl_version": "2.25.1-1+cuda12.8"},
+    }
     plan = plan_of(cuda_stage.cuda, data, fresh_box("ubuntu2404"))
     nccl_installs = [p for p in plan.installs() if p.startswith("libnccl")]
     assert nccl_installs == ["libnccl2=2.25.1-1+cuda12.8", "libnccl-dev=2.25.1-1+cuda12.8"]
@@ -251,7 +262,7 @@ def test_preflight_refuses_a_repository_without_an_nccl_for_the_box_cuda(plan_of
         line for line in answers["gpubox-apt-query nvidia_cuda"] if "+cuda12.8" not in line
     ]
     with pytest.raises(DeployRefused) as err:
-        plan_of(cuda_stage.cuda, DATA, answers)
+        plan_of(cuda_stage.cuda, TENSOR, answers)
     text = str(err.value)
     assert "nothing was changed" in text
     assert (
@@ -259,15 +270,20 @@ def test_preflight_refuses_a_repository_without_an_nccl_for_the_box_cuda(plan_of
         "(offered: 2.32.3-1+cuda12.9); pin one it offers with catalog_overrides "
         "'cuda.versions.12.8.nccl_version'" in text
     )
+    # the same repository is enough for the layer split (the default): it never uses NCCL
+    plan = plan_of(cuda_stage.cuda, DATA, answers)
+    assert [p for p in plan.installs() if p.startswith("cuda-toolkit")]
+    assert not [p for p in plan.installs() if p.startswith("libnccl")]
 
 
 def test_the_repository_query_asks_for_nccl_only_where_it_is_wanted():
     from gpubox.config import Target
 
     target = Target(os_id="ubuntu", version_id="24.04", distro="ubuntu2404", family="ubuntu")
-    sets = offers.pinned_sets(load_host_config("b", DATA), target, {})
+    sets = offers.pinned_sets(load_host_config("b", TENSOR), target, {})
     (pinned,) = [s for s in sets if s.stage == "nccl"]
     assert pinned.repo == "nvidia_cuda"
     assert dict(pinned.packages) == {"libnccl2": "*+cuda12.8", "libnccl-dev": "*+cuda12.8"}
-    sandbox = offers.pinned_sets(load_host_config("b", SANDBOX_LIKE), target, {})
-    assert not [s for s in sandbox if s.stage == "nccl"]
+    for data in (SANDBOX_LIKE, {**TENSOR, "llamacpp_cuda": False}, DATA):
+        sets = offers.pinned_sets(load_host_config("b", data), target, {})
+        assert not [s for s in sets if s.stage == "nccl"]

@@ -280,14 +280,14 @@ def test_a_ccache_dir_that_cannot_be_made_stops_the_build_naming_the_key(box, tm
 
 
 def test_a_multi_gpu_cuda_build_that_finds_nccl_completes(box, tmp_path):
-    b, done = box(cuda=True, gpu_count=2, nccl_found=True)
+    b, done = box(cuda=True, gpu_count=2, nccl_found=True, llamacpp_split_mode="tensor")
     assert done.returncode == 0, done.stderr
     assert "-DGGML_CUDA_NCCL=ON" in (tmp_path / "cmake.log").read_text()
     assert (Path(b.directory) / BUILD_INFO).read_text().strip() == b.info
 
 
 def test_a_multi_gpu_cuda_build_without_nccl_stops_before_compiling(box, tmp_path):
-    b, done = box(cuda=True, gpu_count=2, nccl_found=False)
+    b, done = box(cuda=True, gpu_count=2, nccl_found=False, llamacpp_split_mode="tensor")
     assert done.returncode == 1
     assert "CMake did not find NCCL (libnccl2 and libnccl-dev)" in done.stderr
     assert "Warning: NCCL not found" in done.stderr  # the end of the log, shown with it
@@ -295,10 +295,15 @@ def test_a_multi_gpu_cuda_build_without_nccl_stops_before_compiling(box, tmp_pat
     assert not (Path(b.directory) / BUILD_INFO).exists()
 
 
-def test_one_gpu_and_the_cpu_build_do_not_ask_for_nccl(box, tmp_path):
+def test_one_gpu_the_layer_split_and_the_cpu_build_do_not_ask_for_nccl(box, tmp_path):
     # one V100 (a model small enough for it)
     small = {"models.qwen3-next-80b-a3b-thinking.weights_gib": 8}
     b, done = box(cuda=True, gpu_count=1, nccl_found=False, catalog_overrides=small)
+    assert done.returncode == 0, done.stderr
+    assert "-DGGML_CUDA_NCCL=OFF" in (tmp_path / "cmake.log").read_text()
+    (tmp_path / "cmake.log").unlink()
+    # two GPUs split by layer (the default): no all-reduce, so no NCCL and no refusal
+    b, done = box(cuda=True, gpu_count=2, nccl_found=False)
     assert done.returncode == 0, done.stderr
     assert "-DGGML_CUDA_NCCL=OFF" in (tmp_path / "cmake.log").read_text()
     (tmp_path / "cmake.log").unlink()

@@ -92,11 +92,14 @@ def config_of(**data: object):
 def test_missing_pins_name_the_versions_offered_and_the_key_to_override() -> None:
     from gpubox.config import Target
 
-    config = config_of()
+    config = config_of(llamacpp_split_mode="tensor")
     target = Target("debian", "12", "debian12", "debian")
     sets = offers.pinned_sets(config, target, {"binary": None, "active": False})
-    # nccl: the reference box (two GPUs, llama.cpp with CUDA) builds llama.cpp with NCCL
+    # nccl: the reference box (two GPUs, llama.cpp with CUDA) split by tensor builds llama.cpp
+    # with NCCL; split by layer (the default), it never asks for it
     assert {s.stage for s in sets} == {"cuda", "dcgm", "container_toolkit", "docker", "nccl"}
+    layer = offers.pinned_sets(config_of(), target, {"binary": None, "active": False})
+    assert {s.stage for s in layer} == {"cuda", "dcgm", "container_toolkit", "docker"}
     cuda = config.cuda
     indexes = {
         "nvidia_cuda": offers.RepoIndex(
@@ -156,7 +159,7 @@ def test_parse_query(lines, offered, warnings, error) -> None:
 def test_an_nccl_pattern_no_build_of_the_repository_matches_is_missing() -> None:
     from gpubox.config import Target
 
-    config = config_of()
+    config = config_of(llamacpp_split_mode="tensor")
     target = Target("debian", "12", "debian12", "debian")
     sets = [s for s in offers.pinned_sets(config, target, {}) if s.stage == "nccl"]
     later = ["2.27.3-1+cuda12.9", "2.32.3-1+cuda12.9"]

@@ -25,11 +25,13 @@ models' volume, so a box rebuilt on a fresh system disk, or a second build with 
 compiles nothing again. The launcher does not change what is built, so it is not part of
 BUILD-INFO: turning the cache on or off never forces a rebuild by itself.
 
-NCCL: with CUDA on and more than one GPU, the build asks for NCCL (``-DGGML_CUDA_NCCL=ON``;
-llama.cpp's all-reduces of ``-sm tensor`` go through it) and refuses to finish when CMake did
-not find it (llama.cpp would only warn, and serve slower); the CUDA stage installs it
-(gpubox.rules.nccl). One GPU, or a CPU build: ``OFF``, so what is linked never depends on what
-else happens to be installed. The flag is in BUILD-INFO: adding NCCL rebuilds.
+NCCL: with CUDA on, more than one GPU and the tensor split, the build asks for NCCL
+(``-DGGML_CUDA_NCCL=ON``; llama.cpp's all-reduces of ``-sm tensor`` go through it, and nothing
+else in llama.cpp uses it) and refuses to finish when CMake did not find it (llama.cpp would
+only warn, and reduce slower); the CUDA stage installs it (gpubox.rules.nccl). The layer or row
+split, one GPU, or a CPU build: ``OFF``, so what is linked never depends on what else happens
+to be installed. The flag is in BUILD-INFO: adding NCCL, or switching the split to or from
+tensor, rebuilds.
 
 Unity builds (``llamacpp_unity``, on by default): the common library, the server and mtmd are
 compiled several files per compiler run, through a CMake file of gpubox's given with
@@ -95,7 +97,7 @@ class LlamaBuild:
     ccache: bool
     prefix: str
     ccache_dir: str = ""
-    nccl: bool = False  # with cuda: build against NCCL (more than one GPU)
+    nccl: bool = False  # with cuda: build against NCCL (more than one GPU, -sm tensor)
     unity: bool = False  # batch the slow C++ targets (files/llamacpp-unity.cmake)
 
     binary = _InBuild("bin/llama-server")

@@ -1,8 +1,13 @@
 """NCCL for llama.cpp's multi-GPU CUDA build: which boxes get it, and at which version.
 
-llama.cpp's ``-sm tensor`` does its cross-GPU reductions through NCCL when it was built with
-it; without it the build only warns, and the pinned tree's docs/multi-gpu.md says multi-GPU
-performance is then lower. NCCL does not come with the CUDA toolkit: NVIDIA's CUDA repository
+Only llama.cpp's tensor split (``-sm tensor``) uses NCCL: its meta backend is the one caller of
+ggml-cuda's ``ggml_backend_cuda_comm_init`` (the pinned tree's src/llama.cpp creates it only
+for LLAMA_SPLIT_MODE_TENSOR), whose all-reduces go through NCCL on Linux by default
+(``GGML_CUDA_ALLREDUCE`` unset or ``nccl``). The layer split (the default) and the row split
+never reduce across the GPUs through it, so a box with either gets no NCCL and builds with
+``-DGGML_CUDA_NCCL=OFF``. A tensor build without NCCL would only warn ("NCCL not compiled in;
+falling back to internal AllReduce") and reduce slower. NCCL does not come with the CUDA
+toolkit: NVIDIA's CUDA repository
 carries it as ``libnccl2`` (the library) and ``libnccl-dev`` (its header and link library),
 one build per CUDA release, versioned ``<nccl>-<rev>+cuda<X.Y>`` (e.g. 2.26.2-1+cuda12.8).
 
@@ -28,9 +33,15 @@ PACKAGES = ("libnccl2", "libnccl-dev")
 
 
 def wanted(config: HostConfig) -> bool:
-    """NCCL is installed and built in for llama.cpp with CUDA on more than one GPU (vLLM's
-    image carries its own; one GPU has nothing to reduce across)."""
-    return config.backend == "llamacpp" and bool(config.llamacpp_cuda) and config.gpu_count > 1
+    """NCCL is installed and built in for llama.cpp with CUDA on more than one GPU split by
+    tensor, the one split that all-reduces across the GPUs (vLLM's image carries its own NCCL;
+    one GPU has nothing to reduce across)."""
+    return (
+        config.backend == "llamacpp"
+        and bool(config.llamacpp_cuda)
+        and config.gpu_count > 1
+        and config.llamacpp_split_mode == "tensor"
+    )
 
 
 def pin(config: HostConfig) -> str:

@@ -4,9 +4,9 @@ carry a driver of their own), on PATH for login shells, in the linker path, and
 gone missing (apt still counts the package installed) is put back by reinstalling its package
 at the installed version.
 
-With llama.cpp built for CUDA on more than one GPU, NCCL too (libnccl2, libnccl-dev: the build
-for the box's CUDA, one exact version installed and held; gpubox.rules.nccl says how the catalog's
-pattern becomes that version)."""
+With llama.cpp built for CUDA on more than one GPU and split by tensor, NCCL too (libnccl2,
+libnccl-dev: the build for the box's CUDA, one exact version installed and held;
+gpubox.rules.nccl says how the catalog's pattern becomes that version)."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def install_nccl(config: HostConfig) -> None:
     }
     version = nccl_version(config, installed)
     install_pinned(
-        f"Install NCCL {version} (llama.cpp's multi-GPU build)",
+        f"Install NCCL {version} (llama.cpp's tensor split)",
         list(nccl.PACKAGES),
         version,
         hold="Hold the NCCL packages",
