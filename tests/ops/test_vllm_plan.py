@@ -121,6 +121,29 @@ def test_the_image_is_checked_for_its_forward_compatibility_libraries(plan_of):
     assert not [n for n in plan.names if "forward-compat" in n]
 
 
+def test_the_unit_turns_forward_compatibility_on_only_where_the_driver_is_older():
+    """vLLM 0.19.1 loads the image's cuda-compat libraries only with
+    VLLM_ENABLE_CUDA_COMPATIBILITY=1 (its Dockerfile sets 0; vllm/env_override.py puts the
+    directory first in LD_LIBRARY_PATH, which only a process started afterwards reads: hence
+    spawn). Driver 570 (CUDA 12.8) is older than the image's CUDA 12.9: on; 580: off, said."""
+
+    def exec_start(data: dict[str, object]) -> str:
+        unit = vllm_stage.unit_text(load_host_config("b", data))
+        return next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+
+    on_570 = exec_start(VLLM)
+    for expected in (
+        "-e VLLM_ENABLE_CUDA_COMPATIBILITY=1",
+        "-e VLLM_CUDA_COMPATIBILITY_PATH=/usr/local/cuda-12.9/compat",
+        "-e VLLM_WORKER_MULTIPROC_METHOD=spawn",
+    ):
+        assert expected in on_570, expected
+    on_580 = exec_start({**VLLM, "driver_branch": "580", "cuda_version": "12.8"})
+    assert "-e VLLM_ENABLE_CUDA_COMPATIBILITY=0" in on_580
+    assert "VLLM_CUDA_COMPATIBILITY_PATH" not in on_580
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in on_580
+
+
 def test_the_unit_file_carries_the_caches_never_pulls_and_names_the_quantization():
     unit = vllm_stage.unit_text(load_host_config("b", VLLM))
     exec_start = next(x for x in unit.splitlines() if x.startswith("ExecStart="))

@@ -246,7 +246,10 @@ def sane_answer(content: str) -> dict[str, Any]:
 
 
 def vllm_outputs(config: HostConfig) -> dict[str, str]:
-    """`docker inspect gpubox-vllm` and the compile caches of a converged vLLM box."""
+    """`docker inspect gpubox-vllm`, the compile caches and the libcuda.so vLLM's processes
+    mapped on a converged vLLM box: the image's cuda-compat one (CUDA 12.9.1's is 575.57.08)
+    where the driver's CUDA is older than the image's, else the host's, which the container
+    toolkit mounts into /usr/lib/x86_64-linux-gnu."""
     from gpubox.plans import vllm as plan_vllm
 
     inspect = {
@@ -258,7 +261,10 @@ def vllm_outputs(config: HostConfig) -> dict[str, str]:
             "Image": config.catalog["vllm"]["image"],
             "Env": [
                 f"{key}={value}"
-                for key, value in {"PATH": "/usr/local/bin:/usr/bin", **plan_vllm.CACHE_ENV}.items()
+                for key, value in {
+                    "PATH": "/usr/local/bin:/usr/bin",
+                    **plan_vllm.container_env(config),
+                }.items()
             ],
         },
         "Mounts": [
@@ -278,6 +284,11 @@ def vllm_outputs(config: HostConfig) -> dict[str, str]:
         "vllm_inspect": json.dumps([inspect], indent=4) + "\n",
         "vllm_cache_files": section("triton", f"{cache}/triton/cache/3f2a/matmul_kernel.json\n")
         + section("vllm", f"{cache}/vllm/torch_compile_cache/9c1e/rank_0_0/model\n"),
+        "vllm_libcuda": (
+            "/usr/local/cuda-12.9/compat/libcuda.so.575.57.08\n"
+            if plan_vllm.compat_env(config)[plan_vllm.COMPAT_ENV] == "1"
+            else f"/usr/lib/x86_64-linux-gnu/libcuda.so.{config.driver_version}\n"
+        ),
     }
 
 

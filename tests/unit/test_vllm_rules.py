@@ -188,7 +188,11 @@ def test_forward_compatibility_on_a_geforce_is_refused():
     errors, _ = check(gpu_model="NVIDIA GeForce RTX 3090")
     message = errors["gpu_model"]
     assert "built on CUDA 12.9, newer than the CUDA 12.8 of driver branch 570" in message
+    # the reason: the deploy then runs vLLM on the image's compat libraries, which a GeForce
+    # cannot load (NVIDIA's forward-compatibility page; vllm/env_override.py: error 803)
+    assert "forward-compatibility libraries (VLLM_ENABLE_CUDA_COMPATIBILITY=1)" in message
     assert "data-center GPUs only; NVIDIA GeForce RTX 3090 is not one" in message
+    assert "use driver branch 575 or newer (CUDA 12.9)" in message
     # a driver whose CUDA is the image's own needs no forward compatibility
     errors, _ = check(gpu_model="NVIDIA GeForce RTX 3090", driver_branch="580")
     assert "forward compatibility" not in errors.get("gpu_model", "")

@@ -264,12 +264,39 @@ def vllm_warm(c: HostConfig, r: Reading) -> list[str]:
     ]
 
 
-def vllm_compat(c: HostConfig, r: Reading) -> str | None:
+def vllm_compat(c: HostConfig, r: Reading) -> list[str]:
+    """vLLM runs on the CUDA driver the deploy chose (gpubox.plans.vllm.compat_env): the
+    image's forward-compatibility libraries where the driver's CUDA is older than the image's,
+    the host's driver otherwise. Proven by the container's switch, the image's libraries and
+    the libcuda.so that vLLM's running processes mapped."""
     cuda = vllm_rules.image_info(c.catalog["vllm"]).cuda
-    if not vllm_rules.needs_forward_compat(cuda, c.branch):
-        raise Skip(f"the image's CUDA {cuda} runs natively on driver branch {c.branch}")
-    out = r.out("vllm_compat")
-    return None if out.rc == 0 else out.stderr.strip() or out.first_error_line()
+    want = stage.compat_env(c)
+    env = dict(e.split("=", 1) for e in r.get("vllm_inspect")["Config"]["Env"])
+    problems = [
+        f"{key}={env.get(key, '(unset)')} in the container, not {value}"
+        for key, value in want.items()
+        if env.get(key) != value
+    ]
+    loaded = r.get("vllm_libcuda")
+    if not loaded:
+        return [*problems, f"no process of {layout.VLLM} has a libcuda.so loaded"]
+    if want[stage.COMPAT_ENV] == "1":
+        out = r.out("vllm_compat")
+        if out.rc != 0:
+            problems.append(out.stderr.strip() or out.first_error_line())
+        path = stage.compat_dir(str(cuda))
+        if not any(lib.startswith(path + "/") for lib in loaded):
+            problems.append(
+                f"vLLM runs on {', '.join(loaded)}, not the image's {path}/libcuda.so.*: "
+                f"driver branch {c.branch} supports CUDA {vllm_rules.driver_cuda(c.branch)}, "
+                f"older than the image's {cuda}"
+            )
+    elif compat := [lib for lib in loaded if "/compat/" in lib]:
+        problems.append(
+            f"vLLM runs on {', '.join(compat)}, forward-compatibility libraries, though "
+            f"driver branch {c.branch} runs the image's CUDA {cuda} itself"
+        )
+    return problems
 
 
 B = "backend"
@@ -414,9 +441,9 @@ CHECKS = [
     ),
     Check(
         "vllm.compat",
-        "the image carries the CUDA forward-compatibility libraries",
+        "vLLM runs on the CUDA driver chosen for it (the image's compat libraries or the host's)",
         "",
-        ("vllm_compat",),
+        ("vllm_inspect", "vllm_libcuda", "vllm_compat"),
         vllm_compat,
         applies=vllm,
         stage=B,

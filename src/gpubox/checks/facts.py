@@ -224,9 +224,12 @@ def _vllm(command: str) -> Any:
 
 
 def _vllm_compat(config: HostConfig, target: Target | None) -> str | None:
+    """The image's forward-compatibility libraries, where the container runs on them."""
     if config.backend != "vllm":
         return None
     cuda = vllm_rules.image_info(config.catalog["vllm"]).cuda
+    if not vllm_rules.needs_forward_compat(cuda, config.branch):
+        return None
     return vllm_stage.compat_check_command(
         config.catalog["vllm"]["image"], str(cuda), str(vllm_rules.driver_cuda(config.branch))
     )
@@ -328,6 +331,16 @@ fact(
     Fact("vllm_inspect", _vllm(f"docker inspect {layout.VLLM}"), parse_inspect),
     Fact("vllm_cache_files", _vllm_cache_files, parse_sections),
     Fact("vllm_compat", _vllm_compat, active=True),
+    # which libcuda.so the running vLLM's processes mapped (the engine's and the workers'):
+    # the image's compat libraries or the host's driver, whatever set it (vLLM, the toolkit)
+    Fact(
+        "vllm_libcuda",
+        _vllm(
+            f"docker exec {layout.VLLM} sh -c 'cat /proc/[0-9]*/maps 2>/dev/null "
+            '| grep -o "/[^ ]*/libcuda\\.so[^ ]*" | sort -u\''
+        ),
+        str.split,
+    ),
     # the optional server panel (gpubox.knowledge.panel): units, 1pctl, user-info filtered on the
     # box,
     # the agent's socket and the login page on the entrance

@@ -8,11 +8,9 @@
   digest, "latest") is refused unless ``vllm.version`` names its release, and that release is
   then reported as unverified.
 * **CUDA forward compatibility.** v0.19.1's default image is built on CUDA 12.9, driver 570
-  supports 12.8: the image runs through its cuda-compat user-mode driver (vLLM's Dockerfile
-  registers /usr/local/cuda-<version>/compat/ with ldconfig), which NVIDIA supports on
-  data-center GPUs only, never on GeForce/RTX cards, and within one CUDA major version (no
-  -cu128 image of 0.19.x; the -cu130 ones need driver 580). The deploy checks the compat
-  libraries are in the image (gpubox.stages.vllm).
+  supports 12.8: gpubox runs it on the image's cuda-compat libraries (gpubox.plans.vllm says
+  why and how), which NVIDIA supports on data-center GPUs only (a GeForce: error 803), within
+  one CUDA major here (the -cu130 images need driver 580); the deploy and vllm.compat check it.
 * **Torch's architectures.** The catalog records what the pinned image's torch is compiled
   for (``vllm.torch``): refused when it cannot run on the GPUs; any other image is unverified
   (the stage reads the image's own list on the box: gpubox.knowledge.torch_archs).
@@ -418,12 +416,15 @@ def _cuda_findings(image: Image, gpu: compat.GpuModel, branch_text: str) -> list
             )
         )
     if gpu.name not in DATA_CENTER_GPUS:
+        rule = compat.CUDA_RULES.get(image.cuda)
+        driver = f"driver branch {rule.min_driver_branch} or newer" if rule else "a driver"
         found.append(
             Finding(
                 "gpu_model",
-                f"{why}, which NVIDIA supports on data-center GPUs only; {gpu.name} is not "
-                f"one: use a driver branch for CUDA {image.cuda}, or an image built on CUDA "
-                f"{native} or older",
+                f"{why}: the deploy runs it on the image's forward-compatibility libraries "
+                "(VLLM_ENABLE_CUDA_COMPATIBILITY=1), which NVIDIA supports on data-center GPUs "
+                f"only; {gpu.name} is not one (CUDA error 803): use {driver} (CUDA "
+                f"{image.cuda}), or an image built on CUDA {native} or older",
             )
         )
     return found

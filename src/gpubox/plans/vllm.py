@@ -1,5 +1,6 @@
 """vLLM's plan: the arguments and `docker run` of the unit the vLLM stage (gpubox.stages.vllm)
-writes, its caches and their environment, and the image's CUDA forward compatibility check."""
+writes, its caches and their environment, and the CUDA forward compatibility it runs on (the
+container's switch and the image's libraries, checked)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ def container_env(config: HostConfig) -> dict[str, str]:
     env["HF_HUB_OFFLINE"] = "1"
     if config.hf_endpoint:
         env["HF_ENDPOINT"] = config.hf_endpoint  # a Hub mirror, as for the model stage
+    env.update(compat_env(config))
     return env
 
 
@@ -122,17 +124,51 @@ def docker_argv(config: HostConfig) -> list[str]:
 
 # --- CUDA forward compatibility ------------------------------------------------------------
 
+# vLLM's switch for the image's cuda-compat libraries (PR #33992, in 0.19.1): off unless "1" or
+# "true" (vllm/envs.py); its Dockerfile sets it to 0. With it on, vllm/env_override.py puts
+# VLLM_CUDA_COMPATIBILITY_PATH (else /usr/local/cuda-<torch's CUDA>/compat) first in
+# LD_LIBRARY_PATH before torch is imported. Where the driver's CUDA is older than the image's
+# (570 and the 12.9 image), gpubox takes this path rather than minor-version compatibility:
+# vLLM's Dockerfile names it for data-center GPUs with older drivers; the image ships nvcc and
+# NVRTC 12.9 for run-time compiling, and a 12.8 driver cannot JIT 12.9 PTX; the pinned
+# container toolkit (1.17.8) puts these libraries first anyway when newer than the driver.
+# docs/serving.md has the sources.
+COMPAT_ENV = "VLLM_ENABLE_CUDA_COMPATIBILITY"
+
+
+def compat_dir(cuda: str) -> str:
+    """Where the image's cuda-compat user-mode driver is (NVIDIA's CUDA base images install
+    cuda-compat-X-Y there)."""
+    return f"/usr/local/cuda-{cuda}/compat"
+
+
+def compat_env(config: HostConfig) -> dict[str, str]:
+    """The container's CUDA compatibility switch, said either way. On where the driver's CUDA
+    is older than the image's (570's 12.8, the image's 12.9): vLLM runs on the image's
+    forward-compatibility libraries, at the path the deploy checks. Their directory reaches
+    LD_LIBRARY_PATH only in os.environ, which ld.so reads when a program starts: a process
+    forked afterwards (vLLM's default start for its engine and workers) keeps the host's
+    libcuda, so the processes are spawned. Off ("0") otherwise, so an image whose own default
+    is on cannot load libraries older than the host's driver (CUDA error 803)."""
+    cuda = vllm_rules.image_info(config.catalog["vllm"]).cuda
+    if not vllm_rules.needs_forward_compat(cuda, config.branch):
+        return {COMPAT_ENV: "0"}
+    return {
+        COMPAT_ENV: "1",
+        "VLLM_CUDA_COMPATIBILITY_PATH": compat_dir(str(cuda)),
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    }
+
 
 def compat_check_command(image: str, cuda: str, driver_cuda: str) -> str:
-    """Whether the image carries the cuda-compat user-mode driver of its CUDA (vLLM's images
-    install it under /usr/local/cuda-<version>/compat/ and register it with ldconfig); a clear
-    error otherwise. Runs the image without a GPU, its entrypoint replaced by sh."""
-    path = f"/usr/local/cuda-{cuda}/compat"
+    """Whether the image carries the cuda-compat user-mode driver of its CUDA (``compat_dir``);
+    a clear error otherwise. Runs the image without a GPU, its entrypoint replaced by sh."""
+    path = compat_dir(cuda)
     inner = f"ls {path}/libcuda.so.*"
     message = (
         f"{image} has no {path}/libcuda.so.*: it is built on CUDA {cuda}, newer than the "
-        f"CUDA {driver_cuda} of the driver, so it runs only through CUDA forward "
-        "compatibility, and it lacks the libraries for that. Use an image built on CUDA "
+        f"CUDA {driver_cuda} of the driver, so gpubox runs it on the image's CUDA "
+        "forward-compatibility libraries, and it lacks them. Use an image built on CUDA "
         f"{driver_cuda} or older, or a driver branch for CUDA {cuda}."
     )
     return (
