@@ -67,6 +67,7 @@ class _Handler(BaseHTTPRequestHandler):
         # The schedule starts when the connection was accepted, the server's first sight of it.
         arrived = self.server.accepted.pop(id(self.request), time.perf_counter())
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.server.bodies.append(body)
         if not self._authorized():
             return
         if body.get("model") != MODEL:
@@ -86,8 +87,19 @@ class _Handler(BaseHTTPRequestHandler):
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
             }
 
-        # A role chunk at once, without a token: it must not start the TTFT clock.
+        # The role chunk comes with the first token, as both servers send it: llama.cpp's
+        # to_json_oaicompat_chat (tools/server/server-task.cpp: `first = n_decoded == 1`, role
+        # and content null) and vLLM's chat_completion_stream_generator (its first_iteration,
+        # at the engine's first output: role and content ""). vLLM's bench times it: TTFT.
+        # Mode "empty-first": that first token streams no text (a "<think>" the reasoning
+        # parser keeps, say): the role chunk alone, the text `empty_first` seconds later.
+        role_at = arrived + srv.ttft
+        delay = role_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
         self._send(chunk({"role": "assistant", "content": None}))
+        if srv.mode == "empty-first":
+            arrived += srv.empty_first
         sent = chunks = 0
         first_sent, first_batch = time.perf_counter(), 1
         while sent < n:
@@ -129,7 +141,8 @@ class SyntheticServer(ThreadingHTTPServer):
     tokens) every `interval` seconds on an absolute schedule, then usage (with llama.cpp-style
     timings) and [DONE]. Modes: "ok", "early" (closes after `stop_after` tokens), "error" (an
     error event after `stop_after` tokens), "reasoning" (the first `reasoning_tokens` in
-    `reasoning_field`).
+    `reasoning_field`), "empty-first" (the role chunk at `ttft`, the first text `empty_first`
+    seconds later).
 
     One accepting thread hands connections to `workers` daemon threads started beforehand (a
     bounded loop that stops within 0.1 s of `stop`): no thread is spawned per request, so a
@@ -153,6 +166,8 @@ class SyntheticServer(ThreadingHTTPServer):
         self.stop_after = 3
         self.reasoning_tokens = 5
         self.reasoning_field = "reasoning_content"
+        self.empty_first = 0.1
+        self.bodies: list[dict[str, Any]] = []  # every chat request's body, in arrival order
         self.accepted: dict[int, float] = {}
         self.stopping = threading.Event()
         self.connections: queue.Queue[tuple[Any, Any] | None] = queue.Queue()
@@ -402,6 +417,36 @@ def test_reasoning_deltas_count_as_the_first_token(server: SyntheticServer, fiel
     assert level["mean_tpot_ms"] == pytest.approx(20.0, abs=1.0)
 
 
+def test_the_first_chunk_with_choices_starts_the_clock_even_without_text(
+    server: SyntheticServer,
+) -> None:
+    """vLLM's bench (vllm/benchmarks/lib/endpoint_request_func.py,
+    async_request_openai_chat_completions) takes a timestamp for every chunk whose `choices`
+    is not empty, text or not: TTFT at the first, one ITL per chunk after it. The usage chunk
+    (`choices: []`) is not one. Here the first chunk carries only the role, 100 ms before the
+    first text: TTFT is 200 ms, not 300."""
+    server.mode = "empty-first"
+
+    def measure() -> dict:
+        level = run(server, [1], 1)["levels"][0]
+        assert (level["completed"], level["failed"]) == (1, 0)
+        return level
+
+    level = settled(
+        measure,
+        lambda level: [
+            ("mean_ttft_ms", level["mean_ttft_ms"], 200.0),
+            ("mean_e2el_ms", level["mean_e2el_ms"], 300 + 19 * 20),
+        ],
+    )
+    assert level["total_output_tokens"] == 20  # the server's usage, not the chunks
+    endpoint = bench.Endpoint(server.url, MODEL, KEY, timeout=10)
+    result, _, _ = bench.stream_request(endpoint, "hello", 20, ignore_eos=True)
+    # role, 20 tokens, the finish chunk: 22 chunks with choices, 21 gaps; usage not among them
+    assert len(result.token_times) == 22 and len(result.itl) == 21
+    assert result.itl[0] == pytest.approx(0.1, abs=0.012)
+
+
 @pytest.mark.parametrize("mode", ["early", "error"])
 def test_a_stream_that_stops_early_is_failed_never_fast(server: SyntheticServer, mode: str) -> None:
     server.mode = mode
@@ -440,6 +485,25 @@ def test_main_unreachable_endpoint_is_one_line_and_exit_3(
     assert bench.main([url, "--model", MODEL]) == 3
     err = capsys.readouterr().err
     assert err == f"{url}: unreachable: [Errno 111] Connection refused\n"
+
+
+def test_ignore_eos_is_on_unless_asked_off(
+    server: SyntheticServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On by default, as `vllm bench serve` (0.19.1) has it for random prompts, which these
+    word prompts are: vllm/benchmarks/serve.py sets args.ignore_eos for the random datasets
+    on an OpenAI-compatible backend (its --ignore-eos flag is off only for the others).
+    --no-ignore-eos lets the model stop, which vLLM's random dataset cannot."""
+    server.ttft, server.interval = 0.005, 0.001
+    monkeypatch.setenv(bench.KEY_ENV, KEY)
+    argv = [server.url, "--model", MODEL, "--requests", "1", "--max-tokens", "4"]
+    assert bench.main([*argv, "--warmup", "0"]) == 0
+    assert server.bodies and all(b.get("ignore_eos") is True for b in server.bodies)
+    asked = len(server.bodies)
+    assert bench.main([*argv, "--warmup", "0", "--no-ignore-eos"]) == 0
+    assert len(server.bodies) > asked
+    assert not [b for b in server.bodies[asked:] if "ignore_eos" in b]
+    capsys.readouterr()
 
 
 def test_main_prints_the_table_and_writes_json(

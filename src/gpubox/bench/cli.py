@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-ignore-eos",
         dest="ignore_eos",
         action="store_false",
-        help="let the model stop early (default: ignore_eos, every request writes max-tokens)",
+        help="let the model stop early (default: ignore_eos, every request writes max-tokens, "
+        "as `vllm bench serve` does for random prompts)",
     )
     parser.add_argument(
         "--warmup",

@@ -158,7 +158,10 @@ def stream_request(
         "temperature": 0,
     }
     if ignore_eos:
-        body["ignore_eos"] = True  # llama.cpp and vLLM: the full max_tokens, like vLLM's bench
+        # llama.cpp and vLLM: the full max_tokens. `vllm bench serve` sends it for its random
+        # prompts too (vllm/benchmarks/serve.py, 0.19.1: dataset random or random-mm on an
+        # OpenAI-compatible backend sets args.ignore_eos, whatever --ignore-eos says)
+        body["ignore_eos"] = True
     payload = json.dumps(body).encode()
     result = RequestResult(ok=False)
     headers: dict[str, str] = {}
@@ -175,7 +178,7 @@ def stream_request(
             result.error = f"HTTP {resp.status}: {text[:300]}"
             return result, headers, fingerprint
         last = None
-        token_chunks = 0
+        token_chunks = 0  # chunks that carried text: the output count when usage is missing
         usage_tokens = None
         done = False
         for now, data in _events(resp):
@@ -194,7 +197,17 @@ def stream_request(
                 return result, headers, fingerprint
             last = now
             fingerprint = chunk.get("system_fingerprint") or fingerprint
-            for choice in chunk.get("choices") or []:
+            choices = chunk.get("choices") or []
+            if choices:
+                # vLLM's bench (vllm/benchmarks/lib/endpoint_request_func.py): a timestamp for
+                # every chunk with choices, text or not (the role chunk, a token the parser
+                # holds back, the finish chunk): TTFT at the first, ITL between them
+                if result.ttft is None:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - result.token_times[-1])
+                result.token_times.append(now)
+            for choice in choices:
                 delta = choice.get("delta") or {}
                 if choice.get("index", 0) == 0:
                     result.content += delta.get("content") or ""
@@ -203,11 +216,6 @@ def stream_request(
                     )
                     result.finish_reason = choice.get("finish_reason") or result.finish_reason
                 if _has_token(delta):
-                    if result.ttft is None:
-                        result.ttft = now - start
-                    else:
-                        result.itl.append(now - result.token_times[-1])
-                    result.token_times.append(now)
                     token_chunks += 1
                     break
             usage = chunk.get("usage")
@@ -219,7 +227,7 @@ def stream_request(
                 result.server_decode_tps = float(timings["predicted_per_second"])
         if not done:
             result.error = "stream ended without [DONE]"
-        elif result.ttft is None:
+        elif not token_chunks:
             result.error = "no token streamed"
         else:
             result.ok = True

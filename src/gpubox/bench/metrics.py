@@ -43,8 +43,9 @@ class RequestResult:
     start: float = 0.0
     ttft: float | None = None
     latency: float | None = None  # E2EL: send to the last data event
-    itl: list[float] = field(default_factory=list)  # gaps between chunks with tokens
-    token_times: list[float] = field(default_factory=list)  # absolute, one per token chunk
+    # vLLM's bench's clock: one time per chunk with choices (text or not), ITL between them
+    itl: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # absolute
     output_tokens: int = 0
     prompt_tokens: int = 0
     server_decode_tps: float | None = None  # llama.cpp timings.predicted_per_second
@@ -63,7 +64,8 @@ def tpot(result: RequestResult) -> float | None:
 
 
 def peak_output_throughput(results: Iterable[RequestResult], start: float) -> float:
-    """Largest count of token chunks in any whole second since start (vLLM's peak tok/s)."""
+    """Largest count of timed chunks (those with choices) in any whole second since start:
+    vLLM's max_output_tokens_per_s, which counts the same chunks (vllm/benchmarks/serve.py)."""
     buckets: dict[int, int] = {}
     for result in results:
         for t in result.token_times:
