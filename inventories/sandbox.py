@@ -24,7 +24,10 @@ def box_data(info):
         "nvlink_links": 2,
         "driver_branch": "570",
         "cuda_version": "12.8",
-        # The box shares the host's kernel, whose headers are not in Debian's archive.
+        # The box shares the host's kernel, whose headers are not in Debian's archive (the
+        # deploy skips them with a warning, issue 29 D12: test_deploy's second deploy sets the
+        # key true to show it; a first deploy finds no apt lists on the fresh box and would ask
+        # for them); off here.
         "driver_kernel_headers": False,
         "reboot_timeout": 120,
         # Debian's real docker.io (Docker's own repository is not reachable from here).

@@ -135,9 +135,49 @@ def _config_target(os_name: str, data: dict[str, object]) -> tuple[HostConfig, T
     return config, target
 
 
+# The running kernels of the plan tests and their headers' versions in the archive (Ubuntu's
+# linux source versions X.Y.Z-ABI.UPLOAD, its HWE builds ~24.04.N; Debian's the upstream
+# version), and the archive's index line (apt-cache policy's source line).
+HEADERS_VERSION = {
+    "6.8.0-88-generic": "6.8.0-88.89",
+    "6.14.0-36-generic": "6.14.0-36.36~24.04.1",
+    "6.1.0-26-amd64": "6.1.112-1",
+}
+INDEX_LINE = {
+    "generic": "http://archive.ubuntu.com/ubuntu noble-updates/main amd64 Packages",
+    "amd64": "http://deb.debian.org/debian bookworm/main amd64 Packages",
+}
+
+
+def headers_query(release: str) -> str:
+    """The key of gpubox.base.kernels.headers_query_command for the running kernel's headers."""
+    return f"apt-cache policy linux-headers-{release}"
+
+
+def headers_answer(release: str, offered: bool = True) -> list[str]:
+    """Its answer on a box with package lists: `apt-cache policy` as apt 2.x prints it
+    (tests/fixtures/apt/apt-cache-policy_linux-headers_debian12_local.txt: a candidate from the
+    archive's index; nothing at all for a package the index no longer has)."""
+    if not offered:
+        return ["## lists"]
+    version = HEADERS_VERSION[release]
+    return [
+        "## lists",
+        f"linux-headers-{release}:",
+        "  Installed: (none)",
+        f"  Candidate: {version}",
+        "  Version table:",
+        f"     {version} 500",
+        f"        500 {INDEX_LINE[release.rsplit('-', 1)[1]]}",
+    ]
+
+
 def fresh_box(os_name: str, **overrides: object) -> dict[object, object]:
     """Fact answers of a freshly installed box of ``os_name`` (ubuntu2404, debian12, ...)."""
+    release = str(overrides.get("uname -r", "6.8.0-88-generic"))
     answers: dict[object, object] = {
+        # the box's apt has lists and offers the running kernel's headers
+        headers_query(release): headers_answer(release),
         "cat /etc/os-release": (FACTS / f"os-release-{os_name}").read_text().splitlines(),
         "lspci -Dnn -d 10de:": V100_LSPCI,
         "mokutil --sb-state": "SecureBoot disabled",

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
-from conftest import REFERENCE, fresh_box, installed_pins, kept_offers, repo_answers
+from conftest import (
+    REFERENCE,
+    fresh_box,
+    headers_query,
+    installed_pins,
+    kept_offers,
+    repo_answers,
+)
 
 from gpubox.base.errors import DeployRefused
 from gpubox.config import load_host_config, target_for
@@ -196,6 +204,90 @@ def test_kernel_headers_can_be_left_out(plan_of):
         driver_stage.driver, {**REFERENCE, "driver_kernel_headers": False}, fresh_box("ubuntu2404")
     )
     assert not [p for p in plan.installs() if p.startswith("linux-headers")]
+
+
+# Issue 29 D12: the running kernel's headers, asked of the box's apt first. A Debian 12 box
+# not rebooted since a kernel update: 6.1.0-26 runs, the update installed 6.1.0-57 and moved
+# linux-image-amd64 to it; the archive's index lists the headers of 6.1.0-57 and the meta, not
+# those of 6.1.0-26 (recorded on Debian 12: tests/fixtures/apt/
+# apt-cache-policy_linux-headers_debian12_local.txt).
+POLICY_HEADERS = (
+    Path(__file__).parents[1] / "fixtures/apt/apt-cache-policy_linux-headers_debian12_local.txt"
+).read_text()
+
+
+def not_rebooted(lists: bool = True) -> dict[object, object]:
+    return fresh_box(
+        "debian12",
+        **{
+            "uname -r": "6.1.0-26-amd64",
+            "for f in /boot/vmlinuz-*": [
+                "R 6.1.0-26-amd64",
+                "K 6.1.0-26-amd64",
+                "K 6.1.0-57-amd64",
+                "H 6.1.0-57-amd64",
+            ],
+            "'linux-image-*'": [
+                "linux-image-6.1.0-26-amd64\t6.1.112-1\tii ",
+                "linux-image-6.1.0-57-amd64\t6.1.192-3\tii ",
+                "linux-image-amd64\t6.1.192-3\tii ",
+            ],
+            # without lists apt knows nothing: the command prints no "## lists" line
+            headers_query("6.1.0-26-amd64"): (["## lists"] if lists else [])
+            + POLICY_HEADERS.splitlines(),
+        },
+    )
+
+
+def headers_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "kernel headers:" in r.getMessage()]
+
+
+def test_headers_the_archive_no_longer_has_are_skipped_with_a_warning(plan_of, caplog):
+    plan = plan_of(driver_stage.driver, REFERENCE, not_rebooted())
+    headers = [p for p in plan.installs() if "headers" in p]
+    assert headers == ["linux-headers-amd64"]  # which brings 6.1.0-57's
+    (build,) = plan.op("Build the NVIDIA module for every bootable kernel \\(6.1.0-57-amd64\\)")
+    assert "dkms autoinstall -k 6.1.0-57-amd64" in build and "6.1.0-26" not in build
+    (warning,) = headers_warnings(caplog)
+    assert "linux-headers-6.1.0-26-amd64 is in none of the box's apt repositories" in warning
+    assert "DKMS cannot build the NVIDIA module for 6.1.0-26-amd64" in warning
+    assert "Reboot into the newest kernel (6.1.0-57-amd64, installed)" in warning
+    assert "whose headers linux-headers-amd64 brings" in warning
+
+
+def test_the_running_kernel_offered_is_installed_and_built_without_a_warning(plan_of, caplog):
+    answers = not_rebooted()
+    answers[headers_query("6.1.0-26-amd64")] = ["## lists"] + POLICY_HEADERS.replace(
+        "6.1.0-57", "6.1.0-26"
+    ).splitlines()
+    plan = plan_of(driver_stage.driver, REFERENCE, answers)
+    headers = [p for p in plan.installs() if "headers" in p]
+    assert headers == ["linux-headers-6.1.0-26-amd64", "linux-headers-amd64"]
+    build = plan.op("Build the NVIDIA module for every bootable kernel")[0]
+    assert "linux-headers-6.1.0-26-amd64" in build
+    assert not headers_warnings(caplog)
+
+
+def test_without_package_lists_the_headers_are_asked_for_as_before(plan_of, caplog):
+    """A box whose apt lists were never fetched (a cloud image): apt knows nothing yet, and
+    the deploy's apt update comes before the install."""
+    plan = plan_of(driver_stage.driver, REFERENCE, not_rebooted(lists=False))
+    assert "linux-headers-6.1.0-26-amd64" in plan.installs()
+    assert not headers_warnings(caplog)
+
+
+def test_without_driver_kernel_headers_the_repair_skips_a_kernel_the_archive_lacks(plan_of, caplog):
+    data = {**REFERENCE, "driver_kernel_headers": False}
+    plan = plan_of(driver_stage.driver, data, not_rebooted())
+    assert not [p for p in plan.installs() if p.startswith("linux-headers")]
+    (build,) = plan.op("Build the NVIDIA module for every bootable kernel \\(6.1.0-57-amd64\\)")
+    assert "6.1.0-26" not in build
+    (warning,) = headers_warnings(caplog)
+    assert warning.endswith(
+        "Reboot into the newest kernel (6.1.0-57-amd64, installed), whose headers are "
+        "installed: DKMS builds the module for it"
+    )
 
 
 # Refusals: nothing is planned, the error names the host and the problem.

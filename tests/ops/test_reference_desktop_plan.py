@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from conftest import REFERENCE, fake_host
+from conftest import REFERENCE, fake_host, headers_answer, headers_query, make_plan
 from test_desktop_plan import hwe_desktop
 from test_driver_replacement_plan import DPKG_580, INSTALLED, RECORDED, SIMULATION
 from test_secure_boot_plan import MOK, ubuntu_state
@@ -18,22 +18,25 @@ from gpubox.stages import driver as driver_stage
 from gpubox.stages import run_stages
 
 
-def reference_desktop() -> dict[object, object]:
+def reference_desktop(**overrides: object) -> dict[object, object]:
     return hwe_desktop(
         **{
             "mokutil --sb-state": "SecureBoot enabled",
             MOK: ubuntu_state("is already enrolled"),
             INSTALLED: DPKG_580,
             SIMULATION: RECORDED.splitlines(),
+            **overrides,
         }
     )
 
 
-def said_before_the_first_change() -> tuple[list[str], list[str]]:
+def said_before_the_first_change(
+    answers: dict[object, object] | None = None,
+) -> tuple[list[str], list[str]]:
     """(the warnings logged before the driver stage's first operation of its own, the names
     of every operation planned)."""
     lines: list[str] = []
-    with fake_host(REFERENCE, reference_desktop()) as fake:
+    with fake_host(REFERENCE, answers or reference_desktop()) as fake:
 
         class Before(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
@@ -68,3 +71,56 @@ def test_the_reference_desktop_hears_everything_before_the_first_change():
     assert any("Install NVIDIA driver" in n for n in names)
     assert "Stop before the reboot" in names[-1]
     assert not any("Reboot to load the driver" in n for n in names)
+
+
+# Issue 29 D12: the running kernel's headers are asked of the box's apt before they are asked
+# for. The same desktop, not rebooted since a kernel update: 6.14.0-36 runs, the update
+# installed 6.14.0-37 and moved the HWE meta to it, and the archive's index no longer lists
+# linux-headers-6.14.0-36-generic (apt-cache policy prints nothing for it, as Debian's apt
+# does for the dropped 6.1.0-26 headers: tests/fixtures/apt/
+# apt-cache-policy_linux-headers_debian12_local.txt).
+UPDATED = {
+    "for f in /boot/vmlinuz-*": [
+        "R 6.14.0-36-generic",
+        "K 6.14.0-36-generic",
+        "K 6.14.0-37-generic",
+    ],
+    "'linux-image-*'": [
+        "linux-image-6.14.0-36-generic\t6.14.0-36.36~24.04.1\tii ",
+        "linux-image-6.14.0-37-generic\t6.14.0-37.37~24.04.1\tii ",
+        "linux-image-generic-hwe-24.04\t6.14.0-37.37~24.04.1\tii ",
+    ],
+}
+
+
+def test_the_reference_desktop_asks_apt_for_its_kernels_headers_then_installs_them(commands):
+    plan = make_plan(lambda: run_stages(driver_stage.driver), REFERENCE, reference_desktop())
+    asked = [c for c in commands if "apt-cache policy linux-headers-6.14.0-36-generic" in c]
+    assert len(asked) == 1
+    installs = plan.installs()
+    assert "linux-headers-6.14.0-36-generic" in installs
+    assert "linux-headers-generic-hwe-24.04" in installs
+
+
+def test_headers_gone_from_the_archive_are_skipped_and_the_owner_told_to_reboot():
+    answers = reference_desktop(
+        **UPDATED, **{headers_query("6.14.0-36-generic"): headers_answer("", offered=False)}
+    )
+    lines, names = said_before_the_first_change(answers)
+    (warning,) = [line for line in lines if "kernel headers:" in line]
+    assert warning == (
+        "@fake/box: kernel headers: linux-headers-6.14.0-36-generic is in none of the box's apt "
+        "repositories (gone from the archive: the box runs 6.14.0-36-generic and was not "
+        "rebooted since a kernel update?); skipped: DKMS cannot build the NVIDIA module for "
+        "6.14.0-36-generic. Reboot into the newest kernel (6.14.0-37-generic, installed), whose "
+        "headers linux-headers-generic-hwe-24.04 brings: DKMS builds the module for it"
+    )
+    plan = make_plan(lambda: run_stages(driver_stage.driver), REFERENCE, answers)
+    installs = plan.installs()
+    assert "linux-headers-generic-hwe-24.04" in installs
+    assert "6.14.0-36" not in " ".join(plan.commands)  # neither installed nor built
+    (build,) = plan.op("Build the NVIDIA module for every bootable kernel \\(6.14.0-37-generic\\)")
+    assert "linux-headers-6.14.0-37-generic" in build
+    # the rest of the plan as before: the driver, and the stop before the reboot
+    assert any("Install NVIDIA driver" in n for n in names)
+    assert "Stop before the reboot" in names[-1]

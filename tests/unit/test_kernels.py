@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,55 @@ def test_dkms_installed_is_read_from_its_tree_as_dkms_status_decides(tmp_path: P
     state = kernels.parse_kernel_state(["R 6.8.0-88-generic", "DKMS", *out.splitlines()])
     assert kernels.kernels_lacking_module(state, "570.211.01") == []
     assert {e.kernel for e in state.dkms or []} == {"6.1.0-28-amd64", "6.8.0-88-generic"}
+
+
+# Issue 29 D12: the running kernel's headers, asked of the box's apt first.
+
+
+def test_the_headers_query_reads_apts_candidates_and_a_dropped_package_as_absent() -> None:
+    recorded = (FIXTURES / "apt/apt-cache-policy_linux-headers_debian12_local.txt").read_text()
+    assert kernels.parse_headers_query("## lists\n" + recorded) == {
+        "linux-headers-6.1.0-57-amd64": "6.1.192-3",
+        "linux-headers-amd64": "6.1.192-3",
+    }  # linux-headers-6.1.0-26-amd64, asked too, printed nothing: gone from the index
+    assert kernels.parse_headers_query("## lists\n") == {}
+    assert kernels.parse_headers_query(recorded) is None  # no lists: apt knows nothing yet
+    assert kernels.parse_headers_query("## lists\nGarbage line\n") is None
+    # the command on this machine, with the real apt-cache: a package no archive has
+    out = subprocess.run(
+        ["sh", "-c", kernels.headers_query_command("linux-headers-0.0.0-gpubox-none")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0
+    assert kernels.parse_headers_query(out.stdout) in ({}, None)
+
+
+def test_a_running_kernel_with_its_own_headers_tree_is_built_against_it() -> None:
+    """The sandbox's case: a kernel built elsewhere, headers in /lib/modules/K/build, no
+    package anywhere."""
+    s = state("R 6.18.44-fc-v1147", "H 6.18.44-fc-v1147", "DKMS")
+    plan = kernels.headers_plan("6.18.44-fc-v1147", s, [], "570.211.01", True, {})
+    assert plan.packages == [] and plan.repair == ["6.18.44-fc-v1147"]
+    assert plan.warning == (
+        "kernel headers: linux-headers-6.18.44-fc-v1147 is in none of the box's apt "
+        "repositories; skipped: DKMS builds the NVIDIA module for 6.18.44-fc-v1147 against "
+        "/lib/modules/6.18.44-fc-v1147/build, which is there"
+    )
+    assert kernels.headers_question("6.18.44-fc-v1147", s, "570.211.01", False) is None
+    assert kernels.headers_question("6.18.44-fc-v1147", s, "570.211.01", True) == (
+        "linux-headers-6.18.44-fc-v1147"
+    )
+
+
+def test_offered_or_unknown_headers_plan_as_before() -> None:
+    s = state("R 6.8.0-88-generic")
+    for offers in (None, {"linux-headers-6.8.0-88-generic": "6.8.0-88.89"}):
+        plan = kernels.headers_plan("6.8.0-88-generic", s, [], "570.211.01", True, offers)
+        assert plan.packages == ["linux-headers-6.8.0-88-generic", "linux-headers-generic"]
+        assert plan.repair == ["6.8.0-88-generic"] and plan.warning is None
+    # the repair asks for the running kernel's headers when it has no tree: asked then too
+    assert kernels.headers_question("6.8.0-88-generic", s, "570.211.01", False) == (
+        "linux-headers-6.8.0-88-generic"
+    )

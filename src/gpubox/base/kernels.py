@@ -255,3 +255,118 @@ KERNEL_METAS_COMMAND = (
     "dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n' 'linux-image-*' "
     "2>/dev/null || true"
 )
+
+
+# --- The running kernel's headers, asked of the box's apt first (issue 29 D12) -------------
+#
+# linux-headers-$(uname -r) names one kernel build. The archive's index lists only the builds
+# of its current kernel source (Ubuntu's -updates/-security, Debian's point releases), so on a
+# box not rebooted since a kernel update the running kernel's headers may be gone from it, and
+# `apt-get install linux-headers-$(uname -r)` dies on "Unable to locate package". The driver
+# stage asks the box's apt first (`apt-cache policy`, its own lists, no download) and skips the
+# package when apt has lists but no candidate for it; the headers meta (linux-headers-generic-
+# hwe-24.04, linux-headers-amd64) brings the newest kernel's headers, DKMS builds the module
+# for that kernel, and the owner is told to reboot into it.
+
+LISTS_MARK = "## lists"
+
+
+def running_headers(release: str) -> str:
+    return f"linux-headers-{release}"
+
+
+def headers_query_command(package: str) -> str:
+    """``## lists`` when apt has any package list (/var/lib/apt/lists/*_Packages*), then
+    `apt-cache policy PACKAGE` in the C locale (nothing when apt knows no such package)."""
+    return (
+        "if ls /var/lib/apt/lists/ 2>/dev/null | grep -q _Packages; then "
+        f"echo '{LISTS_MARK}'; fi; LC_ALL=C apt-cache policy {shlex.quote(package)} 2>/dev/null; "
+        "true"
+    )
+
+
+def parse_headers_query(text: str) -> dict[str, str] | None:
+    """The answer to ``headers_query_command``: each package apt has a candidate for, with that
+    version; None when apt has no package list at all (nothing known: a box whose lists were
+    never fetched gets them with the deploy's apt update) or its answer cannot be read."""
+    lines = text.splitlines()
+    if LISTS_MARK not in (line.strip() for line in lines):
+        return None
+    try:
+        policy = parsers.parse_apt_policy("\n".join(x for x in lines if not x.startswith("## ")))
+    except parsers.ParseError:
+        return None
+    return {name: p.candidate for name, p in policy.items() if p.candidate}
+
+
+def headers_question(
+    release: str, state: KernelState, driver_version: str, want_headers: bool
+) -> str | None:
+    """The package to ask the box's apt about: the running kernel's headers, when the deploy
+    would install them (``want_headers``: driver_kernel_headers), or when the module's repair
+    would (the running kernel lacks the module and has no headers tree); else None."""
+    lacking = kernels_lacking_module(state, driver_version)
+    if want_headers or (release in lacking and release not in state.with_headers):
+        return running_headers(release)
+    return None
+
+
+@dataclass(frozen=True)
+class HeadersPlan:
+    packages: list[str]  # the headers packages to install (driver_kernel_headers)
+    repair: list[str]  # the kernels whose module the deploy builds
+    warning: str | None  # the running kernel's headers are gone: what the owner should do
+
+
+def _release_key(release: str) -> list[tuple[int, int | str]]:
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", release) if p]
+
+
+def headers_plan(
+    release: str,
+    state: KernelState,
+    metas: Iterable[KernelMeta] | None,
+    driver_version: str,
+    want_headers: bool,
+    offers: dict[str, str] | None,
+) -> HeadersPlan:
+    """What the driver stage installs and builds for the kernels. ``offers``: the answer to
+    ``headers_query_command`` (None: not asked, or apt knows nothing yet; then as before: the
+    running kernel's headers are installed and its module built). When apt has lists and no
+    candidate for the running kernel's headers, they are skipped, in the headers step and in
+    the module's repair (which would install them for a kernel without a headers tree), and
+    the warning says so."""
+    metas = list(metas or [])
+    packages = headers_packages(release, state.kernels, metas) if want_headers else []
+    repair = kernels_lacking_module(state, driver_version)
+    package = running_headers(release)
+    if offers is None or package in offers:
+        return HeadersPlan(packages, repair, None)
+    packages = covers = [p for p in packages if p != package]  # the metas, when wanted
+    head = f"kernel headers: {package} is in none of the box's apt repositories"
+    if release in state.with_headers:
+        # a headers tree of its own (a kernel built elsewhere, the sandbox's): DKMS uses it
+        return HeadersPlan(
+            packages,
+            repair,
+            f"{head}; skipped: DKMS builds the NVIDIA module for {release} against "
+            f"/lib/modules/{release}/build, which is there",
+        )
+    repair = [k for k in repair if k != release]
+    newer = sorted(
+        (k for k in state.kernels if _release_key(k) > _release_key(release)), key=_release_key
+    )
+    into = f"the newest kernel ({newer[-1]}, installed)" if newer else "the newest kernel"
+    if covers:
+        then = f", whose headers {' and '.join(covers)} bring{'s' if len(covers) == 1 else ''}"
+    elif newer and newer[-1] in state.with_headers:
+        then = ", whose headers are installed"
+    else:
+        then = ", once its headers are installed"
+    return HeadersPlan(
+        packages,
+        repair,
+        f"{head} (gone from the archive: the box runs {release} and was not rebooted since a "
+        f"kernel update?); skipped: DKMS cannot build the NVIDIA module for {release}. Reboot "
+        f"into {into}{then}: DKMS builds the module for it",
+    )

@@ -104,7 +104,9 @@ KEYS: tuple[Key, ...] = (
         "driver_kernel_headers",
         bool,
         True,
-        "install linux-headers for the running kernel (DKMS builds the module against them)",
+        "install linux-headers for the running kernel (DKMS builds the module against them) "
+        "and the headers meta of each kernel series the box boots; the running kernel's are "
+        "skipped with a warning when the box's apt no longer offers them",
     ),
     Key(
         "runfile_driver",

@@ -152,6 +152,22 @@ class KernelMetas(FactBase[list[kernels.KernelMeta]]):
         return kernels.parse_kernel_metas("\n".join(output))
 
 
+class HeadersOffered(FactBase[dict[str, str] | None]):
+    """Whether the box's apt repositories offer a kernel headers package: its candidate
+    version by name, {} when apt has lists and no candidate, None when apt has no lists
+    (gpubox.base.kernels: its command and parser)."""
+
+    def command(self, package: str) -> str:  # type: ignore[override]
+        return kernels.headers_query_command(package)
+
+    @staticmethod
+    def default() -> dict[str, str] | None:
+        return None
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        return kernels.parse_headers_query("\n".join(output))
+
+
 class KeyringFingerprints(FactBase[list[str]]):
     """Fingerprints of the keys in an apt keyring file (binary or armored); [] if absent."""
 

@@ -21,6 +21,7 @@ from gpubox.config import HostConfig, Target
 from gpubox.infra import operations, runfile
 from gpubox.infra.host_facts import (
     CommandOutput,
+    HeadersOffered,
     KernelMetas,
     KernelModuleLoaded,
     KernelModules,
@@ -65,6 +66,9 @@ def driver() -> None:
     p = driver_plan.plan(config, target, answers.answer("nvidia_cuda").offers)
     # Another driver installed (Ubuntu's, Debian's, an older build): say what goes, first.
     driver_replacement.warn_before_install(config, target, p)
+    # The kernels' headers and modules, decided here (facts read before any change) so that a
+    # running kernel whose headers the archive dropped is said before the first change.
+    headers = kernel_headers_plan(config)
 
     managed = ManagedFiles(
         {
@@ -81,15 +85,11 @@ def driver() -> None:
     managed.put("Keep unattended-upgrades off the pinned driver", layout.UNATTENDED_BLACKLIST)
     nvidia_repo(config, target, also_changed=[pin])
 
-    if config.driver_kernel_headers:
+    if headers.packages:
         apt.packages(
             name="Install the kernel headers DKMS builds against (this kernel and the next ones "
             "of each series the box boots)",
-            packages=kernels.headers_packages(
-                host.get_fact(KernelVersion),
-                host.get_fact(KernelModules).kernels,
-                host.get_fact(KernelMetas),
-            ),
+            packages=headers.packages,
             no_recommends=True,
         )
     apt.packages(
@@ -120,7 +120,7 @@ def driver() -> None:
         name="Reinstall driver packages missing a file (nvidia-smi, the libraries)",
         packages=p.pinned,
     )
-    lacking = kernels.kernels_lacking_module(host.get_fact(KernelModules), config.driver_version)
+    lacking = headers.repair
     if lacking:
         server.shell(
             name=f"Build the NVIDIA module for every bootable kernel ({', '.join(lacking)})",
@@ -196,6 +196,28 @@ def driver() -> None:
                 _if=lambda: not dropin.did_change(),
             )
     answers.keep_answers()  # this run's answers, kept (only if they changed)
+
+
+def kernel_headers_plan(config: HostConfig) -> kernels.HeadersPlan:
+    """The headers to install and the kernels to build the module for; the running kernel's
+    headers are asked of the box's apt first (gpubox.base.kernels.headers_plan), and the owner
+    is warned when the archive no longer has them."""
+    release = host.get_fact(KernelVersion)
+    state = host.get_fact(KernelModules)
+    package = kernels.headers_question(
+        release, state, config.driver_version, config.driver_kernel_headers
+    )
+    plan = kernels.headers_plan(
+        release,
+        state,
+        host.get_fact(KernelMetas) if config.driver_kernel_headers else None,
+        config.driver_version,
+        config.driver_kernel_headers,
+        host.get_fact(HeadersOffered, package=package) if package else None,
+    )
+    if plan.warning:
+        logger.warning(f"{host.name}: {plan.warning}")
+    return plan
 
 
 def secure_boot_gate(config: HostConfig, target: Target) -> None:
