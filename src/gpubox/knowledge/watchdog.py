@@ -44,8 +44,9 @@ from typing import Any
 # llama_decode, one per batch of a prompt being processed as well as per generated token.
 # vLLM (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record): the token counters move only
 # when a prefill ends and per generated token (vllm/v1/metrics/stats.py,
-# IterationStats.update_from_output); kv_cache_usage_perc is set from the scheduler's stats at
-# every engine step, and a chunked prefill takes new KV blocks at every chunk.
+# IterationStats.update_from_output); kv_cache_usage_perc is set from the scheduler's stats,
+# which it returns at every engine step, request output or not (vllm/v1/core/sched/
+# scheduler.py, Scheduler.update_from_output), and a chunked prefill takes KV blocks per chunk.
 PROGRESS = {
     "llamacpp": (
         "llamacpp:n_decode_total",
