@@ -3,8 +3,8 @@ converged box is OK; bench's defaults and every slot full at once complete every
 backend.sane fails on a stand-in server that answers "!!!!"; `gpubox bench --smoke` measures
 the served llama-server; llama-bench runs beside the served figures; each planted fault (a GPU
 missing, an NVLink link down, persistence off) is named with its fix; nvlink labels the
-stand-in's traffic; the watchdog restarts a frozen llama-server and doctor shows it. The tests
-run in order on one box."""
+stand-in's traffic; the watchdog restarts a llama-server frozen right after its start and
+doctor shows it. The tests run in order on one box."""
 
 from __future__ import annotations
 
@@ -416,7 +416,8 @@ def test_nvlink_labels_the_traffic():
 
 
 # The watchdog (docs/watchdog.md) with short times: a probe every 5 s, a restart after 3
-# failures, each answer waited for 2 s, a completion at every probe. The "converged" deploy of
+# failures, 10 s for a start to answer healthy, each answer waited for 2 s, a completion at
+# every probe. The "converged" deploy of
 # the agreement tests below puts the defaults back.
 WATCHDOG_SHORT = {
     "watchdog_interval_s": 5,
@@ -442,24 +443,38 @@ def wait_for(what: str, condition, limit: float, step: float = 1.0):
     raise AssertionError(f"{what}: not within {limit:.0f}s")
 
 
-def test_the_watchdog_restarts_a_frozen_llama_server():
+def test_the_watchdog_restarts_a_llama_server_frozen_right_after_its_start():
+    """Issue 29 C7: a start the watchdog never saw healthy has watchdog_grace_s to answer.
+    As a deploy does, the server is restarted and its /health awaited (ops/serving.py), then
+    frozen before the watchdog's next run: restarted once the grace has passed (before the
+    fix: never, the watchdog waited for a healthy probe of its own)."""
     began = time.monotonic()
     extra = tuple(a for k, v in WATCHDOG_SHORT.items() for a in ("--data", f"{k}={v}"))
     short = demo.deploy("deploy/watchdog.py", extra=extra)
     assert short.rc == 0 and not short.failed_hosts, short.output[-3000:]
     assert short.changed >= 1, short.changed_names  # the settings and the timer
     unit = layout.LLAMA_SERVER
-    # the watchdog has seen the server healthy since its start: from now on it watches
-    wait_for("the watchdog's first healthy probe", lambda: watchdog_state().get("healthy"), 30)
     before = watchdog_state().get("restarts", 0)
-    pid = int(box_sh(f"systemctl show -p MainPID --value {unit}").strip())
-    assert pid > 0
     since = box_sh("date '+%Y-%m-%d %H:%M:%S'").strip()
-    box_sh(f"kill -STOP {pid}")
+    health = "curl -s -o /dev/null -w '%{http_code}' --max-time 2 http://127.0.0.1:8080/health"
+    # The timer is held only while the server restarts, answers and is frozen, so that no run
+    # of the watchdog falls in between (one that did would make this the case of a server
+    # frozen after a healthy probe, which the unit tests cover); it starts again at once.
+    out = box_sh(
+        f"systemctl stop {layout.WATCHDOG_TIMER} {layout.WATCHDOG}.service; "
+        f"systemctl restart {unit}; code=; "
+        f'for i in $(seq 150); do code=$({health}); [ "$code" = 200 ] && break; sleep 0.2; '
+        f"done; pid=$(systemctl show -p MainPID --value {unit}); kill -STOP $pid; "
+        f"systemctl start {layout.WATCHDOG_TIMER}; echo $code $pid"
+    )
     frozen = time.monotonic()
-    # three probes 5 s apart, each waiting 2 s for /health: about 25 s
-    limit = 3 * (5 + 2 * 2) + 15
+    code, pid_text = out.split()
+    pid = int(pid_text)
     try:
+        assert code == "200", out
+        # the grace (10 s from the start), then three probes 5 s apart, each waiting 2 s for
+        # /health and 2 s for /metrics: about 40 s
+        limit = WATCHDOG_SHORT["watchdog_grace_s"] + 3 * (5 + 2 * 2) + 15
         new_pid = wait_for(
             "the watchdog's restart (a new MainPID)",
             lambda: (
@@ -474,12 +489,13 @@ def test_the_watchdog_restarts_a_frozen_llama_server():
     latency = time.monotonic() - frozen
     journal = box_sh(f"journalctl -t {layout.WATCHDOG} --since '{since}' --no-pager -o cat")
     print(f"\nwatchdog: restarted after {latency:.1f}s (pid {pid} -> {new_pid})\n{journal}")
-    assert f"restarting {unit} (watchdog restart {before + 1}): 3 consecutive failed probes" in (
-        journal
-    )
-    assert "/health no answer within 2s" in journal
+    restart = f"restarting {unit} (watchdog restart {before + 1}): 3 consecutive failed probes"
+    assert restart in journal
+    # it never saw this start healthy: the failures counted because the grace had passed
+    assert "answers healthy since its start" not in journal.split(restart)[0], journal
+    assert "/health no answer within 2s (not healthy " in journal
+    assert "after its start; grace 10s)" in journal
     assert f"{unit}: failed probe 1 of 3" in journal
-    health = "curl -s -o /dev/null -w '%{http_code}' --max-time 2 http://127.0.0.1:8080/health"
     wait_for("/health after the restart", lambda: box_sh(f"{health}; true") == "200", 60)
     _, report = doctor_json()
     watchdog = report["watchdog"]

@@ -54,7 +54,8 @@ def test_a_fresh_box_gets_the_script_its_settings_and_a_running_timer(plan_of):
         "state_file": "/var/lib/gpubox/watchdog.json",
         "interval_s": 30,
         "failures": 3,
-        "grace_s": 120,
+        "grace_s": 900,
+        "busy_limit_s": 600,
         "timeout_s": 15,
         "completion_every_s": 120,
     }
@@ -104,6 +105,19 @@ def test_vllm_is_watched_through_its_own_unit_and_short_times_reach_the_files():
     assert "TimeoutStartSec=36\n" in files[layout.WATCHDOG_UNIT_FILE]
 
 
+def test_the_grace_is_the_backends_load_unless_the_inventory_sets_it():
+    """A start has watchdog_grace_s to answer healthy: llama.cpp's load of its GGUF, vLLM's
+    load and compile (docs/watchdog.md), or what the inventory says."""
+    grace = lambda **data: load_host_config("b", {**REFERENCE, **data}).watchdog_grace_s  # noqa: E731
+    assert grace() == grace(backend="llamacpp") == 900
+    assert grace(backend="vllm") == 1800
+    assert grace(backend="vllm", watchdog_grace_s=60) == 60
+    files = uploads(
+        watchdog_stage.watchdog, {**REFERENCE, "backend": "vllm"}, fresh_box("ubuntu2404")
+    )
+    assert json.loads(files[layout.WATCHDOG_CONFIG])["grace_s"] == 1800
+
+
 def test_the_api_is_reached_on_its_listening_address():
     url = lambda **data: watchdog_stage.api_url(load_host_config("b", {**REFERENCE, **data}))  # noqa: E731
     assert url() == "http://127.0.0.1:8080"
@@ -143,6 +157,7 @@ def test_no_backend_or_watchdog_false_stops_the_timer_where_it_is_installed(plan
         ("watchdog_interval_s", 0, "must be 1 to 3600, got 0"),
         ("watchdog_failures", 0, "must be 1 to 100, got 0"),
         ("watchdog_grace_s", -1, "must be 0 to 86400, got -1"),
+        ("watchdog_busy_limit_s", 86401, "must be 0 to 86400, got 86401"),
         ("watchdog_timeout_s", 0, "must be 1 to 600, got 0"),
         ("watchdog_completion_every_s", -5, "must be 0 to 86400, got -5"),
         ("watchdog_interval_s", "30s", "must be int"),

@@ -83,6 +83,7 @@ class KeyFields:
     watchdog_interval_s: KeyValue[int] = KeyValue()
     watchdog_failures: KeyValue[int] = KeyValue()
     watchdog_grace_s: KeyValue[int] = KeyValue()
+    watchdog_busy_limit_s: KeyValue[int] = KeyValue()
     watchdog_timeout_s: KeyValue[int] = KeyValue()
     watchdog_completion_every_s: KeyValue[int] = KeyValue()
     panel: KeyValue[Literal["none", "1panel"]] = KeyValue()

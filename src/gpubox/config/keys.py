@@ -58,6 +58,15 @@ def _derive_ccache_dir(values: dict[str, Any], host_catalog: dict[str, Any]) -> 
     return f"{str(values.get('model_dir') or '/srv/models').rstrip('/')}/.ccache"
 
 
+# How long a start of the server has to answer healthy (watchdog_grace_s), per backend: its
+# model's load, with room for a slow disk (docs/watchdog.md#the-keys-and-how-long-a-hang-lasts).
+WATCHDOG_GRACE_S = {"llamacpp": 900, "vllm": 1800}
+
+
+def _derive_watchdog_grace(values: dict[str, Any], host_catalog: dict[str, Any]) -> int:
+    return WATCHDOG_GRACE_S.get(str(values.get("backend")), WATCHDOG_GRACE_S["llamacpp"])
+
+
 def _listen_keys(address: str, port: str, who: str, default_port: int) -> tuple[Key, Key]:
     """The address (loopback by default) and the port a service on the box listens on."""
     return (
@@ -440,9 +449,19 @@ KEYS: tuple[Key, ...] = (
     Key(
         "watchdog_grace_s",
         int,
-        120,
-        "seconds after the server's start (and until it first answers healthy) in which no "
-        "failure counts",
+        None,
+        "seconds a start of the server has to answer healthy before its failures count "
+        "(default: 900 with llama.cpp, 1800 with vLLM: the model's load; docs/watchdog.md)",
+        derive=_derive_watchdog_grace,
+        min=0,
+        max=86400,
+    ),
+    Key(
+        "watchdog_busy_limit_s",
+        int,
+        600,
+        "seconds a running request counts as progress when none of the server's work counters "
+        "moves (a long prefill, a kernel compile); after that its failures count",
         min=0,
         max=86400,
     ),

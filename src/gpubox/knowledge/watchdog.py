@@ -4,17 +4,24 @@ a oneshot service, as root. It imports nothing but Python's standard library.
 
 One run: read the server unit's state (``systemctl show``), probe the API (/health every run; a
 one-token completion every watchdog_completion_every_s, and at every run while failures are
-counted), read /metrics when the server answers at all, then ``decide`` (pure, unit-tested on
-recorded readings) what the run means, keep the state file and act:
+counted), read /metrics, then ``decide`` (pure, unit-tested on recorded readings) what the run
+means, keep the state file and act:
 
 - a run whose probes pass resets the count of consecutive failures;
-- no failure counts while the unit is inactive (systemd's own Restart= is in charge), during
-  the grace after its start, or before it has answered healthy once since its start (a model
-  still loading: the watchdog restarts only a server that worked and stopped);
-- a failed run while the server is busy and its token counters advance (a long answer still
-  streaming, every slot taken) is not counted either;
-- after watchdog_failures consecutive failures, the unit is restarted once, the journal gets
-  one line naming the failures, and the state file's restart count goes up.
+- no failure counts while the unit is inactive (systemd's own Restart= is in charge);
+- warm-up: a start of the unit (its ActiveEnterTimestampMonotonic, read from systemd, so a
+  start the watchdog never saw counts from the start itself) has grace_s to answer healthy;
+  the warm-up ends at its first healthy answer or when grace_s has passed, and after that
+  every failure counts, whether or not the server was ever seen healthy (a load that hangs, a
+  server frozen right after the deploy saw it healthy);
+- a request running is progress: a failed run while /metrics shows a request running is not
+  counted while the work counters advance, nor, when nothing moves (a long prefill, a kernel
+  compile: vLLM counts prompt tokens only when a prefill ends), for busy_limit_s since the
+  server was first seen running a request with nothing moving. A probe with no answer while
+  the last /metrics read showed a request running is judged the same way;
+- after watchdog_failures consecutive failures, the unit is restarted once (unless it started
+  again since the run read its state: that start has its own warm-up), the journal gets one
+  line naming the failures, and the state file's restart count goes up.
 
 A frozen process (SIGSTOP) answers nothing: every probe times out, and a timeout is a failure.
 The API key is read from its file here and sent in a header, never on a command line."""
@@ -32,14 +39,25 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-# The counters that advance while a backend works, and the gauge that says it is busy.
+# What moves while a backend works, and the gauge that says a request is running.
+# llama.cpp (tools/server: server_metrics::on_decoded): n_decode_total counts every
+# llama_decode, one per batch of a prompt being processed as well as per generated token.
+# vLLM (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record): the token counters move only
+# when a prefill ends and per generated token (vllm/v1/metrics/stats.py,
+# IterationStats.update_from_output); kv_cache_usage_perc is set from the scheduler's stats,
+# which it returns at every engine step, request output or not (vllm/v1/core/sched/
+# scheduler.py, Scheduler.update_from_output), and a chunked prefill takes KV blocks per chunk.
 PROGRESS = {
     "llamacpp": (
         "llamacpp:n_decode_total",
         "llamacpp:tokens_predicted_total",
         "llamacpp:prompt_tokens_total",
     ),
-    "vllm": ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
+    "vllm": (
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
+        "vllm:kv_cache_usage_perc",
+    ),
 }
 BUSY = {"llamacpp": "llamacpp:requests_processing", "vllm": "vllm:num_requests_running"}
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -91,6 +109,47 @@ def failure_text(reading: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def track(new: dict[str, Any], reading: dict[str, Any], now: float) -> bool:
+    """Keep what /metrics said in the state: the work counters, whether a request runs, and
+    since when a running request has moved nothing (``still_since``). True when the counters
+    moved since the last reading of them. A run without a reading of /metrics (no answer)
+    keeps what was last seen; while that was a request running, its stillness starts now."""
+    busy = reading.get("busy")
+    if busy is None:
+        if new.get("busy") and new.get("still_since") is None:
+            new["still_since"] = now
+        return False
+    previous, progress = new.get("progress"), reading.get("progress")
+    moved = progress is not None and previous is not None and progress != previous
+    if progress is not None:
+        new["progress"] = progress
+    new["busy"] = bool(busy)
+    if busy and not moved and reading.get("completion") != 200:
+        new["still_since"] = now if new.get("still_since") is None else new["still_since"]
+    else:
+        new["still_since"] = None
+    return moved
+
+
+def busy_text(
+    new: dict[str, Any], moved: bool, settings: dict[str, Any], now: float
+) -> tuple[str, bool]:
+    """Why a failed run is not counted because a request is running ("" when it counts), and
+    whether the busy limit has passed."""
+    unit = settings["unit"]
+    if not new.get("busy"):
+        return "", False
+    if moved:
+        return f"{unit} is busy and its token counters advance; not counted: ", False
+    still = now - (new.get("still_since") or now)
+    if still < settings.get("busy_limit_s", 0):
+        return (
+            f"{unit} has a request running and nothing moved for {still:.0f}s (the limit is "
+            f"{settings['busy_limit_s']}s); not counted: "
+        ), False
+    return "", True
+
+
 def decide(
     state: dict[str, Any],
     reading: dict[str, Any],
@@ -102,9 +161,10 @@ def decide(
 
     ``reading``: active (the unit is active), start_us (its ActiveEnterTimestampMonotonic),
     health (/health's status, 0 for no answer) and health_error, completion (None when not
-    sent, 0 for no answer) and completion_error, progress (the work counters or None), busy.
-    ``now``: CLOCK_MONOTONIC seconds (the clock of start_us); ``wall``: the time, for the
-    record. The action is one of inactive, ok, warmup, busy, failure, restart."""
+    sent, 0 for no answer) and completion_error, progress (the work counters or None), busy
+    (a request running; None when /metrics gave no answer). ``now``: CLOCK_MONOTONIC seconds
+    (the clock of start_us); ``wall``: the time, for the record. The action is one of
+    inactive, ok, warmup, busy, failure, restart."""
     unit, limit = settings["unit"], settings["failures"]
     new = dict(state)
     new.setdefault("restarts", 0)
@@ -112,13 +172,13 @@ def decide(
     if reading.get("completion") is not None:
         new["last_completion"] = now
     if not reading.get("active"):
-        new.update(failures=0, reasons=[], progress=None)
+        new.update(failures=0, reasons=[], progress=None, busy=False, still_since=None)
         return new, "inactive", ""
     if new.get("start_us") != reading.get("start_us"):
         # a new start of the unit (by anyone): its warm-up begins, nothing is counted yet
         new.update(start_us=reading.get("start_us"), healthy=False, failures=0, reasons=[])
-        new["progress"] = None
-    previous, new["progress"] = new.get("progress"), reading.get("progress")
+        new.update(progress=None, busy=False, still_since=None)
+    moved = track(new, reading, now)
     if reading.get("health") == 200 and reading.get("completion") in (None, 200):
         first = not new.get("healthy")
         counted = new["failures"]
@@ -130,10 +190,15 @@ def decide(
         return new, "ok", ""
     why = failure_text(reading)
     age = now - (reading.get("start_us") or 0) / 1e6
-    if not new.get("healthy") or age < settings["grace_s"]:
-        return new, "warmup", ""
-    if reading.get("busy") and previous is not None and new["progress"] not in (None, previous):
-        return new, "busy", f"{unit} is busy and its token counters advance; not counted: {why}"
+    if not new.get("healthy"):
+        if age < settings["grace_s"]:
+            return new, "warmup", ""
+        why += f" (not healthy {age:.0f}s after its start; grace {settings['grace_s']}s)"
+    excuse, past = busy_text(new, moved, settings, now)
+    if excuse:
+        return new, "busy", excuse + why
+    if past:
+        why += f" (a request running, nothing moved for {settings['busy_limit_s']}s or more)"
     new["failures"] += 1
     new["reasons"] = [*new.get("reasons", []), why]
     if new["failures"] < limit:
@@ -208,16 +273,17 @@ def read(settings: dict[str, Any], state: dict[str, Any], now: float) -> dict[st
         key = ""
     base, timeout = settings["url"].rstrip("/"), settings["timeout_s"]
     status, _, error = _request(f"{base}/health", key, timeout)
-    reading.update(health=status, health_error=error, completion=None, progress=None, busy=False)
+    reading.update(health=status, health_error=error, completion=None, progress=None, busy=None)
     if status == 200 and completion_due(state, settings, now):
         body = {"model": settings["model"], "prompt": "1", "max_tokens": 1, "temperature": 0}
         code, _, error = _request(f"{base}/v1/completions", key, timeout, body)
         reading.update(completion=code, completion_error=error)
-    if status != 0:  # it answers at all: is it working (a long answer streaming)?
-        code, text, _ = _request(f"{base}/metrics", key, timeout)
-        if code == 200:
-            progress, busy = progress_of(settings["backend"], parse_metrics(text))
-            reading.update(progress=progress, busy=busy)
+    # is it working (a long answer streaming, a long prompt)? Read even when /health gave no
+    # answer: a probe can be slow while the engine is busy, and /metrics says whether it is
+    code, text, _ = _request(f"{base}/metrics", key, timeout)
+    if code == 200:
+        progress, busy = progress_of(settings["backend"], parse_metrics(text))
+        reading.update(progress=progress, busy=busy)
     return reading
 
 
@@ -240,6 +306,11 @@ def main(argv: list[str]) -> int:
     # datetime.UTC is Python 3.11's: the box's python3 may be older
     wall = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")  # noqa: UP017
     new, action, line = decide(state, reading, settings, now, wall)
+    if action == "restart" and unit_state(settings["unit"])["start_us"] != reading["start_us"]:
+        # started again (a deploy, its owner) while this run probed: that start has its own
+        # warm-up, and the next run sees it as a new start
+        new = {**state, "failures": 0, "reasons": [], "start_us": None}
+        action, line = "warmup", f"{settings['unit']} started again during this run; not restarted"
     if action == "restart":
         log(line, 3)
         done = subprocess.run(

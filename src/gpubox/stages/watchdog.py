@@ -47,6 +47,7 @@ def settings(config: HostConfig) -> dict[str, object]:
         "interval_s": config.watchdog_interval_s,
         "failures": config.watchdog_failures,
         "grace_s": config.watchdog_grace_s,
+        "busy_limit_s": config.watchdog_busy_limit_s,
         "timeout_s": config.watchdog_timeout_s,
         "completion_every_s": config.watchdog_completion_every_s,
     }
