@@ -20,6 +20,19 @@ file_download.py ``_hf_hub_download_to_local_dir``), and what this server answer
 - ``GET /api/models/{repo}`` and ``/api/models/{repo}/revision/{revision}``: the model's info
   (``sha``, ``siblings``), as ``HfApi.model_info`` reads it (``?blobs=true`` adds sizes and the
   LFS sha256s).
+- ``POST /api/models/{repo}/paths-info/{revision}`` (a form ``paths=...&expand=true``, as
+  ``HfApi.get_paths_info`` posts it with httpx, or the same as JSON, as huggingface.js's
+  ``pathsInfo`` does): one entry per path that exists, with the fields huggingface_hub's
+  ``RepoFile`` reads (type, path, size, oid, ``lfs.oid``/``size``/``pointerSize``, and with
+  expand ``lastCommit.id``/``title``/``date``: the commit that last changed the file).
+- ``GET /api/models/{repo}/commits/{revision}``: the commits newest first, with the fields
+  ``HfApi.list_repo_commits`` reads (id, title, message, authors[].user, date), a page at a
+  time (``p``; ``limit``, which huggingface.js's ``listCommits`` sends), the next page behind
+  ``Link: <URL>; rel="next"`` as huggingface_hub's ``paginate`` follows it.
+- A history: the Hub's "initial commit", the upload, and the re-uploads ``gpubox sandbox hub
+  reupload`` adds (``add_reupload``: a file the server reads again when it changes). Every
+  commit of it answers as a revision (``resolve``, model info, paths-info, commits); ``main``
+  is the newest.
 - Errors carry ``X-Error-Code`` as the Hub's do: an unknown repository ``RepoNotFound`` (401, as
   the Hub answers for a repository it will not reveal), an unknown revision ``RevisionNotFound``
   (404), an unknown file ``EntryNotFound`` (404).

@@ -11,8 +11,11 @@ starts nothing. Nothing is removed before a transfer: hf resumes its partial fil
 staging directory, curl its ``.part`` (-C -); a stall watchdog restarts a transfer that gets
 no bytes for ``download_stall_s`` (hf with Xet off after two stalls); MemoryMax caps it.
 
-hf downloads name the catalog's commit (``revision``, or model_revision), modelscope its own
-revision where the catalog has one; unpinned, hf asks for main and the deploy warns.
+hf downloads name the catalog's commit (``revision``, or model_revision), else the commit the
+deploy finds for the sha256 on the box (gpubox.plans.model_pin: the size query's headers, else
+the file's history), refused before any transfer when no commit has it; modelscope names its
+own revision where the catalog has one. Unpinned and unfound (a mirror without the Hub's
+API), hf asks for main and the deploy warns.
 
 What was verified is recorded next to the file (``<file>.gpubox-verified``) with the file's
 size and mtime then; when they differ now (the file truncated, rewritten or gone), the file
