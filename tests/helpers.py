@@ -1,10 +1,16 @@
 """What more than one test file uses: the reference box's host data, a real capture's columns,
-a model plan for the tiny test model, and the sandbox's Hub served in this process.
+a model plan for the tiny test model, the sandbox's Hub served in this process, and a venv with
+the real huggingface_hub.
 
 Importable as ``helpers`` from every tier (tests/conftest.py puts tests/ on sys.path)."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -95,3 +101,32 @@ def bench_level(n: int, tps: float, ttft: float, tpot: float | None, failed: int
         "completed": 8 - failed,
         "failed": failed,
     }
+
+
+_HF_VENV: list[Path] = []
+
+
+def hf_venv() -> Path:
+    """A venv with the catalog's huggingface_hub (the real ``hf`` and HfApi), from the wheels
+    the sandbox's PyPI mirror serves (cached under the gpubox cache dir; pip downloads them
+    from PyPI the first time). Built once per test process, removed when it exits."""
+    if _HF_VENV:
+        return _HF_VENV[0]
+    from gpubox import catalog
+    from gpubox.sandbox import pypi
+    from gpubox.sandbox.common import cache_dir
+
+    requirement = catalog.load()["hf"]["hub_requirement"]
+    wheels = pypi.ensure_wheels(cache_dir() / "pypi", [requirement], lambda message: None)
+    scratch = Path(tempfile.mkdtemp(prefix="gpubox-hf-venv-"))
+    atexit.register(shutil.rmtree, scratch, True)
+    venv = scratch / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
+         "--find-links", str(wheels), requirement],
+        check=True,
+        timeout=300,
+    )  # fmt: skip
+    _HF_VENV.append(venv)
+    return venv

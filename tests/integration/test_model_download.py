@@ -238,3 +238,61 @@ def test_an_interrupted_download_resumes_and_fetches_only_the_rest():
     print(f"resumed download: {served} bytes served for a {size}-byte file ({served / size:.2f}x)")
     assert served < 1.2 * size, (served, size, gets)
     box_sh(f"rm -f {p.path} {p.marker}")  # 32 MiB the box does not need
+
+
+def unpinned_inventory(tmp_path: Path) -> str:
+    """inventories/sandbox.py's hosts without model_revision (it pins the mirror's first
+    commit): the catalog's case, a file known by its sha256 alone."""
+    path = tmp_path / "unpinned.py"
+    path.write_text(
+        "import runpy\n\n"
+        f"_sandbox = runpy.run_path({str(demo.ROOT / demo.INVENTORY)!r})\n"
+        "hosts = [\n"
+        "    (name, {k: v for k, v in data.items() if k != 'model_revision'})\n"
+        "    for name, data in _sandbox['hosts']\n"
+        "]\n"
+    )
+    return str(path)
+
+
+def test_after_a_reupload_on_main_an_unpinned_box_deploys_and_serves_the_sha256s_commit(tmp_path):
+    """Issue 29 B5: the mirror's model re-uploaded on main with other bytes (as Unsloth
+    re-uploaded its GGUFs); a box whose data names no revision finds, on the box, the commit
+    whose file has its sha256 (the file's history: paths-info, the commits), downloads that
+    commit, records it in the marker, and serves it. A sha256 that no commit has is refused
+    before any transfer, naming main's."""
+    info = demo.box_info()
+    p = plan_model.plan(config())
+    first = info["hub_commit"]
+    done = json.loads(demo.sandbox("hub", "reupload", "--json", quiet=True).stdout)
+    try:
+        assert done["parent"] == first and done["sha256"] != info["model_sha256"]
+        status = json.loads(demo.sandbox("status", "--json", quiet=True).stdout)
+        assert (status["model_sha256"], status["hub_commit"]) == (info["model_sha256"], first)
+        inventory = unpinned_inventory(tmp_path)
+        box_sh(f"rm -f {p.path} {p.marker}")
+        before = len(requests(info))
+
+        other = "e" * 64  # (all digits: pyinfra --data would read a number)
+        refused = demo.deploy("deploy/model.py", inventory, ("--data", f"model_sha256={other}"))
+        assert refused.rc != 0, refused.output[-3000:]
+        assert f"main has sha256 {done['sha256']}; nothing was downloaded" in refused.output
+        assert "Starting operation" not in refused.output
+        assert not [
+            e for e in requests(info)[before:] if e["method"] == "GET" and "/resolve/" in e["path"]
+        ]
+        assert box_sh(f"ls {p.directory}/{p.file}* 2>/dev/null || echo none") == "none\n"
+
+        run = demo.deploy("deploy/backend.py", inventory)
+        assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+        log = requests(info)[before:]
+        gets = [e["path"] for e in log if e["method"] == "GET" and "/resolve/" in e["path"]]
+        assert gets == [f"/{p.repo}/resolve/{first}/{p.file}"], log
+        assert [e for e in log if e["method"] == "POST" and "/paths-info/" in e["path"]]
+        assert box_sh(f"sha256sum {p.path}").split()[0] == info["model_sha256"]
+        assert box_sh(f"sed -n 2p {p.marker}").strip() == f"commit={first}"
+        assert [n for n in run.changed_names if "(Re)start llama-server" in n]
+        checks = served_checks()
+        assert checks.failures == {}, checks.output[-3000:]
+    finally:
+        Path(info["hub_reuploads"]).unlink(missing_ok=True)  # main is the first upload again

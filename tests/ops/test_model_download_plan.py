@@ -4,6 +4,8 @@ the size the Hub announces, and that size in the disk check."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import REFERENCE, fake_host, fresh_box
 from pyinfra.api.command import FileUploadCommand
@@ -14,7 +16,12 @@ from gpubox.infra import progress
 from gpubox.plans import model as plan_model
 from gpubox.stages import model as model_stage
 
-ANNOUNCED = "curl -sI --max-time 20 https://huggingface.co/unsloth/"
+ANNOUNCED = "curl -sSI --max-time 20 https://huggingface.co/unsloth/"
+
+
+def size_answer(size: int) -> str:
+    """The size query's answer from a server that gives only a size (no Hub headers)."""
+    return f"HTTP/1.1 200 OK\nContent-Length: {size}\n"
 
 
 def test_the_download_tool_comes_from_the_catalogs_index(plan_of):
@@ -54,7 +61,8 @@ def uploads(stage, data: dict, answers: dict) -> dict[str, str]:
 def test_the_download_is_a_unit_and_the_backend_waits_for_it_with_progress(plan_of):
     data = {**REFERENCE, "hf_endpoint": "https://hf-mirror.example.org", "model_repo": "me/x"}
     answers = fresh_box(
-        "ubuntu2404", **{"curl -sI --max-time 20 https://hf-mirror.example.org/me/x/": "12345678"}
+        "ubuntu2404",
+        **{"curl -sSI --max-time 20 https://hf-mirror.example.org/me/x/": size_answer(12345678)},
     )
     plan = plan_of(model_stage.model, data, answers)
     names = plan.names
@@ -246,7 +254,7 @@ def test_the_disk_check_counts_the_announced_size(plan_of):
 
     answers = fresh_box(
         "ubuntu2404",
-        **{"df -B1 --output=avail": str(60 * 2**30), ANNOUNCED: str(70 * 2**30)},
+        **{"df -B1 --output=avail": str(60 * 2**30), ANNOUNCED: size_answer(70 * 2**30)},
     )
     with pytest.raises(DeployRefused, match=r"has 60\.0 GiB free; .* needs 70\.0 GiB"):
         plan_of(model_stage.model, REFERENCE, answers)
@@ -266,3 +274,82 @@ def test_the_backend_builds_llama_cpp_before_it_waits_for_the_model(plan_of):
     wait = next(i for i, n in enumerate(plan.names) if "Download and verify" in n)
     start = next(i for i, n in enumerate(plan.names) if "(Re)start llama-server" in n)
     assert build < wait < start, plan.names
+
+
+# --- issue 29 B5: the GGUF pinned to the commit whose file has the sha256 -------------------
+
+HEAD_COMMIT, OLD_COMMIT, FIRST_COMMIT = "c" * 40, "b" * 40, "a" * 40
+API = "https://huggingface.co/api/models/unsloth/Qwen3-Next-80B-A3B-Thinking-GGUF"
+
+
+def hub_answers(sha256_at: dict[str, str], etag: str) -> dict[str, str]:
+    """Fact answers of the Hub for the catalog's file: the size query (a 302 with the Hub's
+    headers), paths-info at each commit (sha256 and the commit that last changed it), and the
+    commits list, newest first; as huggingface_hub 1.33's parsers read them."""
+    order = [HEAD_COMMIT, OLD_COMMIT, FIRST_COMMIT]
+    answers = {
+        ANNOUNCED: "HTTP/2 302\nx-linked-size: 1000\n"
+        f'x-repo-commit: {HEAD_COMMIT}\nx-linked-etag: "{etag}"\n',
+        f"{API}/commits/": "HTTP/2 200\n\n"
+        + json.dumps([{"id": c, "title": "t", "authors": [], "date": "x"} for c in order]),
+    }
+    for commit in order:
+        sha = sha256_at.get(commit)
+        last = next(
+            c for c in reversed(order[: order.index(commit) + 1]) if sha256_at.get(c) == sha
+        )
+        entry = {"type": "file", "path": "Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf", "size": 1,
+                 "oid": "0" * 40, "lfs": {"oid": sha, "size": 1, "pointerSize": 134},
+                 "lastCommit": {"id": last, "title": "t", "date": "x"}}  # fmt: skip
+        answers[f"{API}/paths-info/{commit}"] = "HTTP/2 200\n\n" + json.dumps(
+            [entry] if sha else []
+        )
+    return answers
+
+
+def catalog_sha256() -> str:
+    return plan_model.plan(load_host_config("b", REFERENCE)).sha256 or ""
+
+
+def test_the_size_query_pins_the_commit_whose_etag_is_the_sha256(plan_of, caplog):
+    sha = catalog_sha256()
+    answers = fresh_box("ubuntu2404", **hub_answers({HEAD_COMMIT: sha}, etag=sha))
+    written = uploads(model_stage.model, REFERENCE, answers)
+    script = written[model_stage.SCRIPT]
+    assert f"/resolve/{HEAD_COMMIT}/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in script
+    assert "/resolve/main/" not in script
+    assert f"; echo commit={HEAD_COMMIT} >> /srv/models/" in script  # the marker records it
+    assert "is not pinned" not in caplog.text
+
+
+def test_a_reuploaded_file_is_downloaded_at_the_newest_commit_with_its_sha256(plan_of, caplog):
+    caplog.set_level("INFO")
+    sha, other = catalog_sha256(), "e" * 64
+    sha256_at = {HEAD_COMMIT: other, OLD_COMMIT: sha, FIRST_COMMIT: sha}
+    answers = fresh_box("ubuntu2404", **hub_answers(sha256_at, etag=other))
+    script = uploads(model_stage.model, REFERENCE, answers)[model_stage.SCRIPT]
+    assert f"/resolve/{OLD_COMMIT}/Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf" in script
+    assert f"pinned to commit {OLD_COMMIT}" in caplog.text
+
+
+def test_no_commit_with_the_sha256_refuses_before_anything_is_planned(plan_of):
+    from gpubox.base.errors import DeployRefused
+
+    other = "e" * 64
+    answers = fresh_box(
+        "ubuntu2404", **hub_answers({HEAD_COMMIT: other, OLD_COMMIT: other}, etag=other)
+    )
+    with pytest.raises(DeployRefused, match=rf"main has sha256 {other}; nothing was downloaded"):
+        plan_of(model_stage.model_download, REFERENCE, answers)
+
+
+def test_a_mirror_without_the_hubs_api_downloads_main_and_warns(plan_of, caplog):
+    data = {**REFERENCE, "hf_endpoint": "https://mirror.example.org"}
+    answers = fresh_box(
+        "ubuntu2404",
+        **{"curl -sSI --max-time 20 https://mirror.example.org/": size_answer(1000)},
+        **{"/paths-info/": "HTTP/1.1 404 Not Found\n\nnot here"},
+    )
+    script = uploads(model_stage.model, data, answers)[model_stage.SCRIPT]
+    assert "https://mirror.example.org/unsloth/" in script and "/resolve/main/" in script
+    assert "is not pinned to a revision: https://mirror.example.org did not answer" in caplog.text

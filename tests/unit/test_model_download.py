@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from helpers import model_plan, serving
 from gpubox.config import load_host_config, validate
 from gpubox.infra import progress
 from gpubox.plans import model as plan_model
+from gpubox.plans import model_pin
 from gpubox.sandbox import hub
 from gpubox.stages import model as model_stage
 
@@ -252,19 +255,25 @@ def hub_server(tmp_path: Path) -> Iterator[int]:
         yield port
 
 
-def announced(command: str | None) -> str:
+def announced(command: str | None, path: str | None = None) -> int | None:
+    """The size the size query's answer announces (model_pin.announced_size), the command
+    run with ``path`` as PATH when given."""
     assert command is not None
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30).stdout
+    env = {**os.environ, "PATH": path} if path else None
+    result = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, timeout=30, env=env
+    )
+    return model_pin.announced_size(model_pin.parse_response(result.stdout))
 
 
 def test_the_size_a_hub_announces_is_read(hub_server, tmp_path):
     endpoint = f"http://127.0.0.1:{hub_server}"
     p = plan(tmp_path)
-    assert announced(plan_model.remote_size_command(p, endpoint)).strip() == str(len(GOOD))
+    assert announced(plan_model.remote_size_command(p, endpoint)) == len(GOOD)
     readme = model_stage.ModelPlan(**{**p.__dict__, "file": "README.md"})
-    assert announced(plan_model.remote_size_command(readme, endpoint)).strip() == "6"
+    assert announced(plan_model.remote_size_command(readme, endpoint)) == 6
     missing = model_stage.ModelPlan(**{**p.__dict__, "file": "nope.gguf"})
-    assert announced(plan_model.remote_size_command(missing, endpoint)) == ""
+    assert announced(plan_model.remote_size_command(missing, endpoint)) is None
     url = model_stage.ModelPlan(
         **{
             **p.__dict__,
@@ -272,8 +281,15 @@ def test_the_size_a_hub_announces_is_read(hub_server, tmp_path):
             "url": f"{endpoint}/gpubox/tiny-GGUF/resolve/main/tiny.gguf",
         }
     )
-    assert announced(plan_model.remote_size_command(url, "")).strip() == str(len(GOOD))
+    assert announced(plan_model.remote_size_command(url, "")) == len(GOOD)
     assert plan_model.remote_size_command(plan(tmp_path, source="modelscope"), endpoint) is None
+    # without curl (a fresh box before the deploy installs it): python3 asks the same
+    no_curl = tmp_path / "bin"
+    no_curl.mkdir()
+    (no_curl / "sh").symlink_to(shutil.which("sh") or "/bin/sh")
+    (no_curl / "python3").symlink_to(os.path.realpath(sys.executable))
+    assert announced(plan_model.remote_size_command(p, endpoint), str(no_curl)) == len(GOOD)
+    assert announced(plan_model.remote_size_command(url, ""), str(no_curl)) == len(GOOD)
     # nothing listens: no size, and the command still succeeds
     result = subprocess.run(
         ["sh", "-c", plan_model.remote_size_command(p, "http://127.0.0.1:9") or ""],

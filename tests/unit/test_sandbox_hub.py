@@ -284,3 +284,130 @@ def test_the_box_and_the_sandbox_mirror_ask_for_huggingface_hub_1_18_or_later_be
     assert not req.specifier.contains("2.0.0")
     source = Path(hub.__file__).read_text()
     assert 'pypi.ensure_wheels(cache / "pypi", [catalog.load()["hf"]["hub_requirement"]]' in source
+
+
+# ----------------------------------------------------------------- the history (issue 29 B5)
+
+REAL_CLIENT = """
+import json, sys
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
+endpoint, repo, name, old, out = sys.argv[1:6]
+api = HfApi(endpoint=endpoint, token=False)
+meta = get_hf_file_metadata(hf_hub_url(repo, name, endpoint=endpoint), token=False)
+(main,) = api.get_paths_info(repo, [name], expand=True)
+(before,) = api.get_paths_info(repo, [name], expand=True, revision=old)
+commits = api.list_repo_commits(repo)
+path = hf_hub_download(repo, name, revision=old, local_dir=out, token=False, endpoint=endpoint)
+print(json.dumps({
+    "commit": meta.commit_hash, "etag": meta.etag, "size": meta.size,
+    "main": [main.lfs.sha256, main.last_commit.oid],
+    "before": [before.lfs.sha256, before.last_commit.oid],
+    "commits": [[c.commit_id, c.title, c.authors] for c in commits],
+    "old_bytes": open(path, "rb").read().hex(),
+}))
+"""
+
+
+def test_a_reupload_is_a_new_commit_that_the_real_client_reads_with_the_history(tmp_path):
+    """After a re-upload (two here), main is a new commit whose file has the new sha256, in
+    the headers huggingface_hub's get_hf_file_metadata reads (X-Repo-Commit, X-Linked-Etag)
+    and in get_paths_info's lfs and last_commit; list_repo_commits lists every commit, newest
+    first, across pages (Link); the first upload's commit still serves the first bytes."""
+    import helpers
+
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(MODEL)
+    repo = hub.make_repo("gpubox/tiny-GGUF", {"tiny.gguf": model})
+    reuploads = tmp_path / "reuploads.json"
+    contents = [MODEL[::-1], MODEL[1:] + b"!"]
+    entries = []
+    for n, data in enumerate(contents, 1):
+        path = tmp_path / f"re{n}.gguf"
+        path.write_bytes(data)
+        entries.append(
+            {"repo": repo.repo_id, "file": "tiny.gguf", "path": str(path), "title": f"re {n}",
+             "date": f"2026-01-1{n}T00:00:00.000Z"}
+        )  # fmt: skip
+    handler = hub.handler_class({repo.repo_id: repo}, reuploads=reuploads)
+    handler.commits_page = 2  # the four commits on two pages
+    with serving(handler) as port:
+        endpoint = f"http://127.0.0.1:{port}"
+        status, headers, _ = request(port, "HEAD", RESOLVE)
+        assert headers["x-repo-commit"] == repo.commit  # nothing re-uploaded yet
+        reuploads.write_text(json.dumps(entries))
+        venv = helpers.hf_venv()
+        result = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", REAL_CLIENT, endpoint, repo.repo_id,
+             "tiny.gguf", repo.commit, str(tmp_path / "out")],
+            capture_output=True, text=True, timeout=120,
+            env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1"},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout)
+    new = hashlib.sha256(contents[-1]).hexdigest()
+    ids = [c[0] for c in got["commits"]]
+    assert len(ids) == 4 and ids[2] == repo.commit  # re 2, re 1, the first upload, initial
+    assert [c[1] for c in got["commits"]] == ["re 2", "re 1", hub.UPLOAD_TITLE, "initial commit"]
+    assert got["commits"][0][2] == ["gpubox"]
+    assert (got["commit"], got["etag"], got["size"]) == (ids[0], new, len(contents[-1]))
+    assert got["main"] == [new, ids[0]]  # main's file, last changed by the newest commit
+    assert got["before"] == [hashlib.sha256(MODEL).hexdigest(), repo.commit]
+    assert bytes.fromhex(got["old_bytes"]) == MODEL
+
+
+def test_paths_info_answers_forms_and_json_and_leaves_out_missing_paths(served):
+    port = served["port"]
+    repo = served["repo"]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    url = f"/api/models/{repo.repo_id}/paths-info/main"
+    conn.request(
+        "POST", url, body=json.dumps({"paths": ["tiny.gguf", "nope"], "expand": False}),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    (entry,) = json.loads(conn.getresponse().read())
+    assert entry["lfs"]["oid"] == hashlib.sha256(MODEL).hexdigest() and "lastCommit" not in entry
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(
+        "POST", url.replace("/main", f"/{repo.parent.commit}"), body="paths=tiny.gguf&expand=true",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )  # fmt: skip
+    response = conn.getresponse()
+    assert response.status == 200 and json.loads(response.read()) == []  # the initial commit
+    status, headers, _ = request(port, "GET", f"/api/models/{repo.repo_id}/commits/nope")
+    assert status == 404 and headers["x-error-code"] == "RevisionNotFound"
+
+
+def test_the_reupload_command_writes_a_tiny_model_with_other_weights(tmp_path):
+    """`gpubox sandbox hub reupload`'s bytes: the tiny model again (it loads and answers
+    alike: only weights that do not shape the answers differ), with another sha256; box.json's
+    facts are left as they were."""
+    gguf = pytest.importorskip("gguf")
+    from gpubox.sandbox import tinymodel
+
+    model = tmp_path / tinymodel.FILE_NAME
+    tinymodel.write(model)
+    info = {
+        "hub_repo": hub.REPO_ID,
+        "model_file": model.name,
+        "hub_files": {model.name: {"path": str(model)}},
+        "hub_reuploads": str(tmp_path / "hub-reuploads.json"),
+    }
+    before = json.dumps(info)
+    done = hub.add_reupload(info)
+    assert json.dumps(info) == before
+    first = hub.make_repo(hub.REPO_ID, {model.name: model})
+    assert done["parent"] == first.commit and done["commit"] != first.commit
+    (entry,) = json.loads(Path(info["hub_reuploads"]).read_text())
+    new = Path(entry["path"])
+    assert done["sha256"] == hashlib.sha256(new.read_bytes()).hexdigest()
+    assert done["sha256"] != hashlib.sha256(model.read_bytes()).hexdigest()
+    a, b = gguf.GGUFReader(str(model)), gguf.GGUFReader(str(new))
+    changed = {
+        t.name for t, u in zip(a.tensors, b.tensors, strict=True) if bytes(t.data) != bytes(u.data)
+    }
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    assert changed == {
+        "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.1.ffn_gate.weight",
+        "blk.1.ffn_up.weight", "blk.1.attn_q.weight", "blk.1.attn_k.weight", "blk.1.attn_v.weight",
+    }  # fmt: skip
+    assert hub.add_reupload(info)["parent"] == done["commit"]  # a second one follows the first

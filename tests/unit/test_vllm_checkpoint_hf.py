@@ -19,20 +19,18 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import serving
 
-from gpubox import catalog
 from gpubox.infra import progress
 from gpubox.plans import checkpoint, model_script
-from gpubox.sandbox import hub, pypi
-from gpubox.sandbox.common import cache_dir
+from gpubox.sandbox import hub
 from gpubox.stages import model as model_stage
 
 REPO = "someone/Tiny-int4-AutoRound"
@@ -41,20 +39,9 @@ SHARD_2 = "model-00002-of-00002.safetensors"
 
 
 @pytest.fixture(scope="module")
-def hf_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with the catalog's huggingface_hub, from the wheels the sandbox's PyPI mirror
-    serves (cached under the gpubox cache dir; pip downloads them from PyPI the first time)."""
-    requirement = catalog.load()["hf"]["hub_requirement"]
-    wheels = pypi.ensure_wheels(cache_dir() / "pypi", [requirement], lambda message: None)
-    venv = tmp_path_factory.mktemp("hf") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
-         "--find-links", str(wheels), requirement],
-        check=True,
-        timeout=300,
-    )  # fmt: skip
-    return venv
+def hf_venv() -> Path:
+    """A venv with the catalog's huggingface_hub (helpers.hf_venv: one per test process)."""
+    return helpers.hf_venv()
 
 
 def tree_handler(base: type[hub.HubHandler]) -> type[hub.HubHandler]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from gpubox.config import HostConfig
-from gpubox.plans import model_script
+from gpubox.plans import model_pin, model_script
 from gpubox.plans.model_script import STAT_FORMAT, ModelPlan
 
 
@@ -53,38 +53,28 @@ def present_size(state: str) -> int:
     return 0
 
 
-# From response headers (one block per response, redirects first): the Hub's X-Linked-Size,
-# else the Content-Length of a final 200.
-_SIZE_AWK = (
-    '/^HTTP\\// { split($0, w, " "); status = w[2]; size = "" } '
-    'tolower($1) == "x-linked-size" { linked = $2 } '
-    'tolower($1) == "content-length" { size = $2 } '
-    'END { if (linked != "") print linked; else if (status == "200") print size }'
-)
-
-
 def remote_size_command(p: ModelPlan, hf_endpoint: str) -> str | None:
-    """A shell command that prints the file's size as its server announces it (nothing when
-    unknown): for hf, the Hub's ``X-Linked-Size`` (an LFS file, answered with a redirect) or
-    the ``Content-Length`` of a 200 to ``HEAD .../resolve/REVISION/FILE`` (main unpinned);
-    for a URL, the final response's ``Content-Length`` after redirects. None for modelscope
+    """The size query: a shell command that prints the response headers of
+    ``HEAD .../resolve/REVISION/FILE`` for hf (main unpinned; the first response: the Hub
+    answers an LFS file with a redirect that carries ``X-Linked-Size``, and
+    ``X-Repo-Commit`` and ``X-Linked-Etag``, which gpubox.plans.model_pin reads), or of the
+    URL after its redirects (``model_pin.announced_size`` reads the size). None for modelscope
     (no such call)."""
     if p.source == "hf":
-        url = model_script.hf_resolve_url(p, hf_endpoint)
-        flags = "-sI"
+        request = model_pin.Request("HEAD", model_script.hf_resolve_url(p, hf_endpoint))
     elif p.source == "url" and p.url:
-        url, flags = p.url, "-sIL"
+        request = model_pin.Request("HEAD", p.url, follow=True)
     else:
         return None
-    return (
-        f"if command -v curl >/dev/null 2>&1; then curl {flags} --max-time 20 "
-        f"{shlex.quote(url)} 2>/dev/null | tr -d '\\r' | awk -F': *' {shlex.quote(_SIZE_AWK)}; fi"
-    )
+    return model_pin.request_command(request)
 
 
 def model_state_command(p: ModelPlan) -> str:
+    """The marker's first line (what was verified), the commit its second records (when one
+    was pinned), and the file's size and mtime now."""
     q = shlex.quote
     return (
-        f'echo "marker=$(cat {q(p.marker)} 2>/dev/null)"; '
+        f'echo "marker=$(head -n 1 {q(p.marker)} 2>/dev/null)"; '
+        f"echo \"commit=$(sed -n 's/^commit=//p' {q(p.marker)} 2>/dev/null)\"; "
         f'echo "file=$(stat -c {q(STAT_FORMAT)} {q(p.path)} 2>/dev/null)"'
     )

@@ -31,6 +31,9 @@ class ModelPlan:
     # hf: a Hugging Face commit; modelscope: a ModelScope revision; None: not pinned (hf asks
     # for main, modelscope for its default)
     revision: str | None = None
+    # hf: the commit the deploy found for the sha256 (gpubox.plans.model_pin), downloaded
+    # instead of the revision and recorded in the marker; None: none found or none looked for
+    commit: str | None = None
 
     @property
     def path(self) -> str:
@@ -296,21 +299,24 @@ def download_commands(
         f"if [ -f {path} ] && {matches_command(p, p.path)}; then "
         f'echo "gpubox: {p.file} is there and verifies; kept"; '
         f"else rm -f {path}; {fetch}; fi; fi",
-        f"printf '%s %s\\n' {q(p.stamp)} \"$(stat -c {q(STAT_FORMAT)} {path})\" > {q(p.marker)}",
+        f"printf '%s %s\\n' {q(p.stamp)} \"$(stat -c {q(STAT_FORMAT)} {path})\" > {q(p.marker)}"
+        + (f"; echo commit={q(p.commit)} >> {q(p.marker)}" if p.commit else ""),
     ]
 
 
 def hf_resolve_url(p: ModelPlan, hf_endpoint: str) -> str:
-    """The Hub's URL of the file at the plan's revision (main when unpinned)."""
-    revision = urllib.parse.quote(p.revision or "main", safe="")
+    """The Hub's URL of the file at the plan's commit, else its revision (main when
+    unpinned)."""
+    revision = urllib.parse.quote(p.commit or p.revision or "main", safe="")
     return f"{hf_endpoint.rstrip('/')}/{p.repo}/resolve/{revision}/{urllib.parse.quote(p.file)}"
 
 
 def marker_matches_command(p: ModelPlan) -> str:
-    """A shell condition: the marker records the file as it is now (verified, unchanged)."""
+    """A shell condition: the marker records the file as it is now (verified, unchanged): its
+    first line (a second, ``commit=``, names the commit the file came from)."""
     q = shlex.quote
     return (
-        f'[ -f {q(p.path)} ] && [ "$(cat {q(p.marker)} 2>/dev/null)" = '
+        f'[ -f {q(p.path)} ] && [ "$(head -n 1 {q(p.marker)} 2>/dev/null)" = '
         f'"{p.stamp} $(stat -c {q(STAT_FORMAT)} {q(p.path)} 2>/dev/null)" ]'
     )
 

@@ -14,6 +14,10 @@ gpubox sandbox mok-screen --enroll --password-file F | --timeout
 gpubox sandbox image              build and load the host checks' container image in every
                                   box that is up (--box K: box K only; Docker must be installed
                                   there); prints its name
+gpubox sandbox hub reupload [--json]
+                                  a commit on main of the box's Hub mirror with other bytes
+                                  for the model's file (as a re-upload on the Hub makes one);
+                                  the earlier commits stay, box.json keeps the first sha256
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from gpubox.sandbox import box, box_ssh, faults, identity, images, processes, serve
+from gpubox.sandbox import box, box_ssh, faults, hub, identity, images, processes, serve
 from gpubox.sandbox.common import SandboxError
 
 
@@ -176,7 +180,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "its name",
     )
     image.add_argument("--box", type=int, help="box K only (1..4); default: every box that is up")
-    for name in ("ssh", "exec", "fault", "mok-screen"):
+    hub_parser = sub.add_parser(
+        "hub",
+        help="change what the box's Hugging Face Hub mirror serves",
+        description="reupload: a new commit on main with other bytes for the model's file, as "
+        "a re-upload on the Hub makes one; the earlier commits stay in the history, and "
+        "box.json (gpubox sandbox status --json) keeps the first upload's sha256 and commit.",
+    )
+    hub_parser.add_argument("hub_action", choices=["reupload"])
+    hub_parser.add_argument("--json", action="store_true", help="print the new commit as JSON")
+    for name in ("ssh", "exec", "fault", "mok-screen", "hub"):
         sub.choices[name].add_argument("--box", type=int, default=1, help="which box (1..4)")
     args = parser.parse_args(argv)
 
@@ -228,6 +241,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.action == "image":
             print(images.load_check_image())
+            return 0
+        if args.action == "hub":
+            done = hub.add_reupload(processes.box_info())
+            if args.json:
+                print(json.dumps(done, indent=2, sort_keys=True))
+            else:
+                print(
+                    f"hub: {done['file']} re-uploaded: main is commit {done['commit']} "
+                    f"(sha256 {done['sha256']}); {done['parent']} and the commits before it "
+                    "stay in the history"
+                )
             return 0
         if args.action == "exec":
             command = _command(args.command)

@@ -20,6 +20,19 @@ file_download.py ``_hf_hub_download_to_local_dir``), and what this server answer
 - ``GET /api/models/{repo}`` and ``/api/models/{repo}/revision/{revision}``: the model's info
   (``sha``, ``siblings``), as ``HfApi.model_info`` reads it (``?blobs=true`` adds sizes and the
   LFS sha256s).
+- ``POST /api/models/{repo}/paths-info/{revision}`` (a form ``paths=...&expand=true``, as
+  ``HfApi.get_paths_info`` posts it with httpx, or the same as JSON, as huggingface.js's
+  ``pathsInfo`` does): one entry per path that exists, with the fields huggingface_hub's
+  ``RepoFile`` reads (type, path, size, oid, ``lfs.oid``/``size``/``pointerSize``, and with
+  expand ``lastCommit.id``/``title``/``date``: the commit that last changed the file).
+- ``GET /api/models/{repo}/commits/{revision}``: the commits newest first, with the fields
+  ``HfApi.list_repo_commits`` reads (id, title, message, authors[].user, date), a page at a
+  time (``p``; ``limit``, which huggingface.js's ``listCommits`` sends), the next page behind
+  ``Link: <URL>; rel="next"`` as huggingface_hub's ``paginate`` follows it.
+- A history: the Hub's "initial commit", the upload, and the re-uploads ``gpubox sandbox hub
+  reupload`` adds (``add_reupload``: a file the server reads again when it changes). Every
+  commit of it answers as a revision (``resolve``, model info, paths-info, commits); ``main``
+  is the newest.
 - Errors carry ``X-Error-Code`` as the Hub's do: an unknown repository ``RepoNotFound`` (401, as
   the Hub answers for a repository it will not reveal), an unknown revision ``RevisionNotFound``
   (404), an unknown file ``EntryNotFound`` (404).
@@ -69,6 +82,12 @@ from gpubox.sandbox.serve import (
 
 REPO_ID = "gpubox/tiny-GGUF"  # where the sandbox's tiny model is published
 REVISION = "main"
+# The titles of the Hub's first commit and of huggingface_hub's upload_folder
+INITIAL_TITLE = "initial commit"
+UPLOAD_TITLE = "Upload folder using huggingface_hub"
+# The commits list's page when the request names no ``limit`` (a guess: STANDINS.md);
+# further pages behind ``Link: <URL>; rel="next"``
+COMMITS_PAGE = 50
 PYPI_PREFIX = "/pypi/"  # /pypi/simple/ (the index), /pypi/files/ (the wheels)
 # What the Hub keeps in Git LFS: model weights; any file this large in any case.
 LFS_SUFFIXES = (".gguf", ".bin", ".safetensors", ".pt", ".onnx")
@@ -102,10 +121,68 @@ class HubFile:
 
 @dataclass(frozen=True)
 class HubRepo:
+    """The repository at one commit (``parent``: the one before it; None for the first)."""
+
     repo_id: str
     files: dict[str, HubFile]
     commit: str
     last_modified: str
+    title: str = UPLOAD_TITLE
+    parent: HubRepo | None = None
+
+    def history(self) -> list[HubRepo]:
+        """This commit and every one before it, newest first."""
+        out: list[HubRepo] = []
+        at: HubRepo | None = self
+        while at is not None:
+            out.append(at)
+            at = at.parent
+        return out
+
+    def at(self, revision: str) -> HubRepo | None:
+        """The repository at ``revision`` (``main``: this commit; or any commit of its
+        history), None when there is no such revision."""
+        if revision == REVISION:
+            return self
+        return next((c for c in self.history() if c.commit == revision), None)
+
+    def last_commit(self, name: str) -> HubRepo:
+        """The commit that last changed ``name`` (which this commit has)."""
+        at = self
+        while at.parent is not None and _same(at.parent.files.get(name), at.files[name]):
+            at = at.parent
+        return at
+
+    def commit_entry(self) -> dict[str, Any]:
+        """The commit as the Hub's commits list gives it (what ``HfApi.list_repo_commits``
+        reads: id, authors[].user, date, title, message; huggingface_hub 1.33 hf_api.py)."""
+        author = self.repo_id.split("/", 1)[0]
+        return {
+            "id": self.commit,
+            "title": self.title,
+            "message": "",
+            "authors": [{"user": author, "avatar": None}],
+            "date": self.last_modified,
+        }
+
+    def path_info(self, name: str, expand: bool) -> dict[str, Any] | None:
+        """A file's entry in the Hub's paths-info answer (what huggingface_hub's ``RepoFile``
+        reads: path, size, oid, lfs.oid/size/pointerSize; with expand, lastCommit.id/title/
+        date); None when this commit has no such file."""
+        f = self.files.get(name)
+        if f is None:
+            return None
+        entry: dict[str, Any] = {"type": "file", "oid": f.git_sha1, "size": f.size, "path": name}
+        if f.lfs:
+            entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
+        if expand:
+            last = self.last_commit(name)
+            entry["lastCommit"] = {
+                "id": last.commit,
+                "title": last.title,
+                "date": last.last_modified,
+            }
+        return entry
 
     def info(self, blobs: bool = False) -> dict[str, Any]:
         """The model info the Hub's /api/models answers (the fields huggingface_hub reads)."""
@@ -138,6 +215,10 @@ class HubRepo:
         }
 
 
+def _same(a: HubFile | None, b: HubFile) -> bool:
+    return a is not None and a.sha256 == b.sha256
+
+
 def _digests(path: Path) -> tuple[int, str, str]:
     """(size, sha256, git blob sha1) of a file."""
     size = path.stat().st_size
@@ -150,19 +231,38 @@ def _digests(path: Path) -> tuple[int, str, str]:
     return size, sha256.hexdigest(), sha1.hexdigest()
 
 
+def _file(name: str, path: Path) -> HubFile:
+    size, sha256, git_sha1 = _digests(path)
+    lfs = name.endswith(LFS_SUFFIXES) or size >= LFS_MIN_SIZE
+    return HubFile(name, path, size, sha256, git_sha1, lfs)
+
+
+def _date(seconds: float) -> str:
+    stamp = datetime.datetime.fromtimestamp(int(seconds), datetime.UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
 def make_repo(repo_id: str, files: dict[str, Path]) -> HubRepo:
-    """A repository of ``files`` (name in the repository -> file); its commit id is derived
-    from the repository's content, so it is stable while the files are."""
-    entries = {}
-    for name, path in files.items():
-        size, sha256, git_sha1 = _digests(path)
-        lfs = name.endswith(LFS_SUFFIXES) or size >= LFS_MIN_SIZE
-        entries[name] = HubFile(name, path, size, sha256, git_sha1, lfs)
+    """A repository of ``files`` (name in the repository -> file) in one commit after the
+    repository's "initial commit" (which the Hub makes when a repository is created; it holds
+    no file here, the Hub's a ``.gitattributes``); the commit id is derived from the
+    repository's content, so it is stable while the files are."""
+    entries = {name: _file(name, path) for name, path in files.items()}
     tree = json.dumps([repo_id, sorted((f.name, f.sha256) for f in entries.values())])
     commit = hashlib.sha1(tree.encode()).hexdigest()  # noqa: S324 (an id, as git's)
     mtime = max((p.stat().st_mtime for p in files.values()), default=0)
-    stamp = datetime.datetime.fromtimestamp(int(mtime), datetime.UTC)
-    return HubRepo(repo_id, entries, commit, stamp.strftime("%Y-%m-%dT%H:%M:%S.000Z"))
+    initial = hashlib.sha1(json.dumps([repo_id, INITIAL_TITLE]).encode()).hexdigest()  # noqa: S324
+    first = HubRepo(repo_id, {}, initial, _date(mtime), INITIAL_TITLE)
+    return HubRepo(repo_id, entries, commit, _date(mtime), parent=first)
+
+
+def reupload(repo: HubRepo, name: str, path: Path, title: str, date: str) -> HubRepo:
+    """``repo`` with one more commit on main: ``name`` now holds the bytes of ``path`` (as a
+    re-upload of a model's file makes one); the commits before it stay in the history."""
+    files = {**repo.files, name: _file(name, path)}
+    change = json.dumps([repo.commit, name, files[name].sha256])
+    commit = hashlib.sha1(change.encode()).hexdigest()  # noqa: S324 (an id, as git's)
+    return HubRepo(repo.repo_id, files, commit, date, title, repo)
 
 
 def ensure_large_file(directory: Path) -> Path:
@@ -227,6 +327,48 @@ class RequestLog:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
+class Reuploads:
+    """The commits ``gpubox sandbox hub reupload`` added (``add_reupload``): a JSON list in a
+    file, each ``{"repo", "file", "path", "title", "date"}``, applied in order on top of the
+    repositories the server started with; read again whenever the file changes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._seen: tuple[int, int] | None = None
+        self._repos: dict[str, HubRepo] = {}
+
+    def apply(self, base: dict[str, HubRepo]) -> dict[str, HubRepo]:
+        try:
+            stat = self.path.stat() if self.path else None
+        except FileNotFoundError:
+            stat = None
+        if stat is None:
+            return base
+        with self._lock:
+            if self._seen != (stat.st_mtime_ns, stat.st_size):
+                self._repos = apply_reuploads(base, read_reuploads(self.path))
+                self._seen = (stat.st_mtime_ns, stat.st_size)
+            return self._repos
+
+
+def read_reuploads(path: Path | None) -> list[dict[str, str]]:
+    try:
+        entries = json.loads(path.read_text()) if path else []
+    except (OSError, ValueError):
+        return []
+    return entries if isinstance(entries, list) else []
+
+
+def apply_reuploads(base: dict[str, HubRepo], entries: list[dict[str, str]]) -> dict[str, HubRepo]:
+    repos = dict(base)
+    for e in entries:
+        if e.get("repo") in repos:
+            repo = repos[e["repo"]]
+            repos[e["repo"]] = reupload(repo, e["file"], Path(e["path"]), e["title"], e["date"])
+    return repos
+
+
 def read_log(path: Path) -> list[dict[str, Any]]:
     """The entries of a request log (for the tests)."""
     try:
@@ -246,11 +388,17 @@ class HubHandler(StderrLog):
     pypi: SimpleIndex | None = None
     control: Control = Control(None)
     requests: RequestLog = RequestLog(None)
+    reuploads: Reuploads = Reuploads(None)
+    commits_page = COMMITS_PAGE
 
     def do_HEAD(self) -> None:
         self._route(body=False)
 
     def do_GET(self) -> None:
+        self._route(body=True)
+
+    def do_POST(self) -> None:
+        self.close_connection = True  # a body this server may not read ends the connection
         self._route(body=True)
 
     # ----------------------------------------------------------------- routing
@@ -283,6 +431,16 @@ class HubHandler(StderrLog):
             self._send(200, data, "application/json; charset=utf-8", body)
             return
         if path.startswith("/api/models/"):
+            rest = path[len("/api/models/") :].strip("/").split("/")
+            if len(rest) >= 4 and rest[2] in ("paths-info", "commits"):
+                repo_id, revision = "/".join(rest[:2]), "/".join(rest[3:])
+                if rest[2] == "paths-info" and self.command == "POST":
+                    self._paths_info(repo_id, revision)
+                elif rest[2] == "commits" and self.command == "GET":
+                    self._commits(repo_id, revision, query)
+                else:
+                    self._error(405, None, "Method Not Allowed", "Method Not Allowed", body)
+                return
             self._model_info(path[len("/api/models/") :], query, body)
             return
         parts = path.lstrip("/").split("/", 4)
@@ -292,7 +450,8 @@ class HubHandler(StderrLog):
         self._error(404, None, "Not Found", "This route is not served by the sandbox's hub", body)
 
     def _repo(self, repo_id: str, revision: str, body: bool) -> HubRepo | None:
-        repo = self.repos.get(repo_id)
+        """The repository at ``revision`` (main or one of its commits), else the Hub's error."""
+        repo = self.reuploads.apply(self.repos).get(repo_id)
         if repo is None:
             self._error(
                 401,
@@ -302,7 +461,8 @@ class HubHandler(StderrLog):
                 body,
             )
             return None
-        if revision not in (REVISION, repo.commit):
+        at = repo.at(revision)
+        if at is None:
             self._error(
                 404,
                 "RevisionNotFound",
@@ -312,7 +472,51 @@ class HubHandler(StderrLog):
                 commit=None,
             )
             return None
-        return repo
+        return at
+
+    def _paths_info(self, repo_id: str, revision: str) -> None:
+        """``POST /api/models/{repo}/paths-info/{revision}``: the entries of the paths asked
+        for that exist (``RepoFile`` fields), as ``HfApi.get_paths_info`` asks (a form,
+        ``paths`` repeated and ``expand=true``; huggingface.js sends the same as JSON)."""
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(min(length, 1 << 20)).decode("utf-8", "replace")
+        if self.headers.get("Content-Type", "").startswith("application/json"):
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                data = {}
+            data = data if isinstance(data, dict) else {}
+            paths = data.get("paths") or []
+            expand = data.get("expand") is True
+        else:
+            form = urllib.parse.parse_qs(raw)
+            paths = form.get("paths", [])
+            expand = form.get("expand", ["false"])[-1].lower() in ("1", "true")
+        repo = self._repo(repo_id, revision, True)
+        if repo is None:
+            return
+        entries = [e for e in (repo.path_info(str(n), expand) for n in paths) if e is not None]
+        self._send(200, json.dumps(entries).encode(), "application/json; charset=utf-8", True)
+
+    def _commits(self, repo_id: str, revision: str, query: dict[str, list[str]]) -> None:
+        """``GET /api/models/{repo}/commits/{revision}``: the commits newest first, a page at
+        a time (``p``, from 0; ``limit``), the next page behind a ``Link`` header."""
+        repo = self._repo(repo_id, revision, True)
+        if repo is None:
+            return
+        page = _number(query.get("p"), 0)
+        limit = min(max(_number(query.get("limit"), self.commits_page), 1), 1000)
+        history = repo.history()
+        entries = [c.commit_entry() for c in history[page * limit : (page + 1) * limit]]
+        headers = {}
+        if (page + 1) * limit < len(history):
+            host = self.headers.get("Host") or "127.0.0.1"
+            split = urllib.parse.urlsplit(self.path)
+            params = {"p": str(page + 1), **({"limit": str(limit)} if "limit" in query else {})}
+            url = f"http://{host}{split.path}?{urllib.parse.urlencode(params)}"
+            headers["Link"] = f'<{url}>; rel="next"'
+        data = json.dumps(entries).encode()
+        self._send(200, data, "application/json; charset=utf-8", True, headers)
 
     def _model_info(self, rest: str, query: dict[str, list[str]], body: bool) -> None:
         parts = rest.strip("/").split("/")
@@ -487,6 +691,7 @@ def handler_class(
     pypi_dir: Path | None = None,
     control: Path | None = None,
     request_log: Path | None = None,
+    reuploads: Path | None = None,
 ) -> type[HubHandler]:
     return type(
         "Handler",
@@ -496,8 +701,14 @@ def handler_class(
             "pypi": SimpleIndex(pypi_dir) if pypi_dir else None,
             "control": Control(control),
             "requests": RequestLog(request_log),
+            "reuploads": Reuploads(reuploads),
         },
     )
+
+
+def _number(values: list[str] | None, default: int) -> int:
+    value = (values or [""])[-1]
+    return int(value) if value.isdigit() else default
 
 
 def serve(
@@ -538,7 +749,9 @@ def prepare(
     repo = make_repo(REPO_ID, files)
     control = sdir / "hub-control.json"
     request_log = sdir / "logs" / "hub-requests.jsonl"
+    reuploads = sdir / "hub-reuploads.json"
     control.unlink(missing_ok=True)
+    reuploads.unlink(missing_ok=True)
     request_log.parent.mkdir(parents=True, exist_ok=True)
     request_log.unlink(missing_ok=True)
     args = [
@@ -552,6 +765,7 @@ def prepare(
         f"--pypi={wheels}",
         f"--control={control}",
         f"--request-log={request_log}",
+        f"--reuploads={reuploads}",
     ]
     server = f"http://127.0.0.1:{HUB_PORT}"
     facts = {
@@ -565,6 +779,9 @@ def prepare(
         "hub_large_file": LARGE_FILE,
         "hub_control": str(control),
         "hub_request_log": str(request_log),
+        # the commits `gpubox sandbox hub reupload` added (hub_commit and hub_files stay the
+        # first upload's)
+        "hub_reuploads": str(reuploads),
         # gpubox sandbox up --download-rate (0: unthrottled); every server the sandbox runs
         # itself caps its response bodies at it
         "download_rate": download_rate() or 0,
@@ -572,6 +789,45 @@ def prepare(
         "pypi_wheels": str(wheels),
     }
     return args, facts
+
+
+def add_reupload(info: dict[str, Any]) -> dict[str, str]:
+    """``gpubox sandbox hub reupload``: a commit on main of the box's hub with other bytes for
+    the model's file, as Unsloth's re-upload of its GGUFs made one: the tiny model written
+    again with other weights where they do not change its answers (tinymodel.write's seed),
+    so the file still loads and serves. The commits before it stay in the history; box.json
+    (hub_commit, hub_files, model_sha256) keeps the first upload's. Returns the file, the new
+    commit, the one before it and the new sha256."""
+    from gpubox.sandbox import tinymodel
+
+    path = Path(info["hub_reuploads"])
+    entries = read_reuploads(path)
+    name = info["model_file"]
+    n = len(entries) + 1
+    target = path.parent / "hub-reuploads" / str(n) / name
+    tinymodel.write(target, seed=tinymodel.SEED + f"-reupload-{n}".encode())
+    entries.append(
+        {
+            "repo": info["hub_repo"],
+            "file": name,
+            "path": str(target),
+            "title": f"Upload {name} (re-upload {n})",
+            "date": _date(time.time()),
+        }
+    )
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(entries, indent=1))
+    os.replace(tmp, path)
+    files = {f: Path(v["path"]) for f, v in info["hub_files"].items()}
+    repo = apply_reuploads({info["hub_repo"]: make_repo(info["hub_repo"], files)}, entries)
+    head = repo[info["hub_repo"]]
+    assert head.parent is not None
+    return {
+        "file": name,
+        "commit": head.commit,
+        "parent": head.parent.commit,
+        "sha256": head.files[name].sha256,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -587,13 +843,14 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--pypi", type=Path, help="a directory of wheels to index under /pypi/")
     srv.add_argument("--control", type=Path)
     srv.add_argument("--request-log", type=Path)
+    srv.add_argument("--reuploads", type=Path, help="the re-uploads file (add_reupload)")
     srv.add_argument("--watch-pid", type=int)
     srv.add_argument("--watch-start-time", type=int)
     args = parser.parse_args(argv)
     if args.bind not in ("127.0.0.1", "::1", "localhost"):
         parser.error("the hub binds loopback only")
     repos = {args.repo: make_repo(args.repo, file_arguments(parser, args.file, "NAME=FILE"))}
-    handler = handler_class(repos, args.pypi, args.control, args.request_log)
+    handler = handler_class(repos, args.pypi, args.control, args.request_log, args.reuploads)
     watch = (args.watch_pid, args.watch_start_time) if args.watch_pid else None
     return serve(handler, args.bind, args.port, watch)
 

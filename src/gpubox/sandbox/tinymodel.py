@@ -228,13 +228,13 @@ def _gguf() -> Any:
     return gguf
 
 
-def _weights(label: str, shape: tuple[int, ...], scale: float = 1 / 64) -> Any:
+def _weights(label: str, shape: tuple[int, ...], scale: float = 1 / 64, seed: bytes = SEED) -> Any:
     """Deterministic small weights: SHAKE-256 bytes of a label as int8, times ``scale``
     (a power of two, so the float32 values are exact)."""
     import numpy as np
 
     count = int(np.prod(shape))
-    raw = hashlib.shake_256(SEED + b"\0" + label.encode()).digest(count)
+    raw = hashlib.shake_256(seed + b"\0" + label.encode()).digest(count)
     return (np.frombuffer(raw, dtype=np.int8).astype(np.float32) * np.float32(scale)).reshape(shape)
 
 
@@ -308,8 +308,10 @@ def _token_types(gguf: Any) -> list[int]:
     return types
 
 
-def write(path: Path) -> None:
-    """Write the tiny model to ``path`` (replaced atomically)."""
+def write(path: Path, seed: bytes = SEED) -> None:
+    """Write the tiny model to ``path`` (replaced atomically). Another ``seed`` changes the
+    weights that do not shape the answers (layer 1's attention, the FFNs' gate and up): other
+    bytes, the same replies (the sandbox hub's re-upload)."""
     import numpy as np
 
     gguf = _gguf()
@@ -358,7 +360,7 @@ def write(path: Path) -> None:
                 attention = _attention0()
             else:  # random q, k, v and a zero output: layer 1 adds nothing
                 attention = {
-                    name: _weights(f"{blk}.{name}", (N_EMBD,) * 2)
+                    name: _weights(f"{blk}.{name}", (N_EMBD,) * 2, seed=seed)
                     for name in ("attn_q", "attn_k", "attn_v")
                 }
                 attention["attn_output"] = np.zeros((N_EMBD,) * 2, np.float32)
@@ -366,7 +368,8 @@ def write(path: Path) -> None:
                 writer.add_tensor(f"{blk}.{name}.weight", attention[name])
             writer.add_tensor(f"{blk}.ffn_norm.weight", ones)
             for name in ("ffn_gate", "ffn_up"):
-                writer.add_tensor(f"{blk}.{name}.weight", _weights(f"{blk}.{name}", (N_FF, N_EMBD)))
+                weights = _weights(f"{blk}.{name}", (N_FF, N_EMBD), seed=seed)
+                writer.add_tensor(f"{blk}.{name}.weight", weights)
             # zero: the FFN adds nothing to the residual stream
             writer.add_tensor(f"{blk}.ffn_down.weight", np.zeros((N_EMBD, N_FF), np.float32))
         writer.add_tensor("output_norm.weight", ones)

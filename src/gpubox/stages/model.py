@@ -11,8 +11,11 @@ starts nothing. Nothing is removed before a transfer: hf resumes its partial fil
 staging directory, curl its ``.part`` (-C -); a stall watchdog restarts a transfer that gets
 no bytes for ``download_stall_s`` (hf with Xet off after two stalls); MemoryMax caps it.
 
-hf downloads name the catalog's commit (``revision``, or model_revision), modelscope its own
-revision where the catalog has one; unpinned, hf asks for main and the deploy warns.
+hf downloads name the catalog's commit (``revision``, or model_revision), else the commit the
+deploy finds for the sha256 on the box (gpubox.plans.model_pin: the size query's headers, else
+the file's history), refused before any transfer when no commit has it; modelscope names its
+own revision where the catalog has one. Unpinned and unfound (a mirror without the Hub's
+API), hf asks for main and the deploy warns.
 
 What was verified is recorded next to the file (``<file>.gpubox-verified``) with the file's
 size and mtime then; when they differ now (the file truncated, rewritten or gone), the file
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -49,7 +52,7 @@ from gpubox.infra import progress
 from gpubox.infra.host_facts import CommandOutput, NetworkOutput
 from gpubox.infra.operations import ManagedFiles
 from gpubox.ops import units
-from gpubox.plans import checkpoint, model_script
+from gpubox.plans import checkpoint, model_pin, model_script
 from gpubox.plans.model import (
     model_state_command,
     plan,
@@ -116,16 +119,22 @@ def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
     hf_endpoint = config.hf_endpoint or catalog["hf"]["endpoint"]
     # The file's size: the catalog's, else what its server announces (the progress lines' total
     # and the disk check), else the model's weights as an estimate, less what is there already
-    # (a file to verify again may need no download at all).
+    # (a file to verify again may need no download at all). For hf with a sha256 the same
+    # query answers which commit has the file (gpubox.plans.model_pin).
     total = p.size
-    size_command = remote_size_command(p, hf_endpoint) if not total else None
+    pin = p.source == "hf" and bool(p.sha256)
+    size_command = remote_size_command(p, hf_endpoint) if not total or pin else None
+    head = model_pin.Answer()
     if size_command:
-        announced = host.get_fact(NetworkOutput, command=size_command).strip()
-        total = int(announced) if announced.isdigit() and int(announced) > 0 else None
+        head = model_pin.parse_response(host.get_fact(NetworkOutput, command=size_command))
+        total = total or model_pin.announced_size(head)
+    if pin:
+        p = pin_commit(p, hf_endpoint, head)
     model_entry = catalog["models"][config.model]
     need = total or (model_entry["weights_gib"] * 2**30 if p.file == model_entry["file"] else 0)
     refuse_without_space(p.directory, need - present_size(state), p.file)
-    if p.source in ("hf", "modelscope") and not p.revision:
+    # hf with a sha256: pin_commit pinned it, or said why not
+    if p.source in ("hf", "modelscope") and not p.revision and not pin:
         logger.warning(
             f"{host.name}: {p.file} is not pinned to a revision (no commit is recorded for "
             f"its sha256): downloading {'main' if p.source == 'hf' else 'the default revision'}; "
@@ -150,6 +159,26 @@ def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
     start_unit("the file verifies", "the partial download is kept", script_op, unit_op)
     done[host.name] = _Begun(total, False)
     return done[host.name]
+
+
+def pin_commit(p: ModelPlan, hf_endpoint: str, head: model_pin.Answer) -> ModelPlan:
+    """``p`` pinned to the commit whose file has its sha256, found on the box from the size
+    query's answer ``head`` and, when that does not settle it, the Hub's API (each request a
+    fact: gpubox.plans.model_pin). Refuses the deploy, before anything changed, when no
+    commit has it; warns when the endpoint does not answer (``p`` as it was)."""
+
+    def ask(request: model_pin.Request) -> model_pin.Answer:
+        command = model_pin.request_command(request)
+        return model_pin.parse_response(host.get_fact(NetworkOutput, command=command))
+
+    found = model_pin.resolve(p, hf_endpoint, head, ask)
+    if found.refusal:
+        raise DeployRefused(f"{host.name}: {found.refusal}")
+    if found.warn:
+        logger.warning(f"{host.name}: {found.message}")
+    elif found.message:
+        logger.info(f"{host.name}: {found.message}")
+    return replace(p, commit=found.commit) if found.commit else p
 
 
 def start_unit(until: str, kept: str, script_op: object, unit_op: object) -> None:
