@@ -58,7 +58,7 @@ def run_step(
     commands = model_stage.download_commands(
         p,
         hf_endpoint,
-        "http://127.0.0.1:9",
+        "127.0.0.1:9",
         token_file=str(Path(p.directory).parent / "token"),
         hf_venv=str(hf_venv or "/nonexistent"),
         ms_venv=str(ms_venv or hf_venv or "/nonexistent"),
@@ -139,9 +139,7 @@ def test_a_stall_restarts_the_transfer_and_keeps_what_it_had(tmp_path):
 def test_the_watchdog_gives_up_after_repeated_stalls(tmp_path):
     p = plan(tmp_path / "models", source="modelscope")
     ms = fake_tool(tmp_path, "modelscope", 'mkdir -p "$dir"; sleep 60\n')
-    commands = model_stage.download_commands(
-        p, "", "http://127.0.0.1:9", ms_venv=str(ms), stall_s=1
-    )
+    commands = model_stage.download_commands(p, "", "127.0.0.1:9", ms_venv=str(ms), stall_s=1)
     result = subprocess.run(
         ["sh", "-c", model_stage.step_command(commands)], capture_output=True, text=True, timeout=90
     )
@@ -162,7 +160,7 @@ def test_hf_and_modelscope_ask_for_the_plans_revision(hub_server, tmp_path):
     assert run_step(m, ms, ms).returncode == 0
     assert "tiny.gguf --revision v1.0 --local_dir" in (tmp_path / "modelscope-args").read_text()
     unpinned = plan(tmp_path / "other", source="modelscope")
-    assert "--revision" not in "".join(model_stage.download_commands(unpinned, "", ""))
+    assert "--revision" not in "".join(model_stage.download_commands(unpinned, "", "127.0.0.1:9"))
 
 
 def test_a_verified_file_is_not_hashed_again(hub_server, tmp_path):
