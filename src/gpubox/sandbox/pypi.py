@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # The box: Debian 12's CPython 3.11 on x86_64, glibc 2.36 (manylinux tags up to 2_36 fit).
@@ -141,16 +141,21 @@ def ensure_wheels(base: Path, requirements: list[str], progress: Progress) -> Pa
 
 
 class SimpleIndex:
-    """The pages of a PEP 503 index over a directory of distribution files. ``files_url`` is
-    where the files are served (the links are relative to the project page)."""
+    """The pages of a PEP 503 index over one or more directories of distribution files (the
+    wheel sets of several tools: a file name in two of them is the same file, from PyPI).
+    The links are relative to the project page."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path | Sequence[Path]) -> None:
+        directories = [directory] if isinstance(directory, Path) else list(directory)
         self.projects: dict[str, dict[str, str]] = {}  # project -> file name -> sha256
-        for path in sorted(directory.iterdir()):
+        self.paths: dict[str, Path] = {}  # file name -> file
+        for path in sorted(p for d in directories for p in d.iterdir()):
+            if path.name in self.paths:
+                continue
             if path.suffix == ".whl" or path.name.endswith((".tar.gz", ".zip")):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 self.projects.setdefault(project_of(path.name), {})[path.name] = digest
+                self.paths[path.name] = path
 
     def root_page(self) -> str:
         links = "\n".join(
@@ -173,9 +178,7 @@ class SimpleIndex:
     def file(self, name: str) -> Path | None:
         if "/" in name or name.startswith("."):
             return None
-        if any(name in files for files in self.projects.values()):
-            return self.directory / name
-        return None
+        return self.paths.get(name)
 
 
 def _page(title: str, body: str) -> str:
