@@ -1,13 +1,15 @@
 """A PyPI mirror for the sandbox box: a PEP 503 simple index of real wheels, served on loopback.
 
 The box reaches Debian's mirror through a bridge but no PyPI, as a box behind a company mirror
-reaches only that mirror. What the box installs with pip (huggingface_hub for the model stage,
-catalog ``hf.hub_requirement``) is downloaded here once, with the host's own pip (so the
-host's PyPI settings apply), as wheels for the box: CPython 3.11 (Debian 12's python3) on
-x86_64 with glibc 2.36, every dependency included. The wheels are cached under the gpubox
-cache dir, one directory per set of requirements; the hub server (hub.py) publishes them as a
-simple index, and the sandbox's inventory points ``pypi.index_url`` at it, through
-``catalog_overrides`` like any mirror.
+reaches only that mirror. What the box installs with pip (the model stage's tools:
+huggingface_hub, catalog ``hf.hub_requirement``, and modelscope, ``modelscope.requirement``)
+is downloaded here once, with the host's own pip (so the host's PyPI settings apply), as
+wheels for the box: CPython 3.11 (Debian 12's python3) on x86_64 with glibc 2.36, every
+dependency included. The wheels are cached under the gpubox cache dir, one directory per set
+of requirements (each tool's under a base directory of its own, since a new set replaces the
+others of its base); the hub server (hub.py) publishes them all as one simple index, and the
+sandbox's inventory points ``pypi.index_url`` at it, through ``catalog_overrides`` like any
+mirror.
 
 PEP 503 in short: ``<index>/`` lists one link per project; ``<index>/<project>/`` lists one
 link per file, whose URL may end in ``#sha256=<hex>`` (pip checks it); project names are
