@@ -51,12 +51,18 @@ def box_data(info):
         "model_sha256": info["model_sha256"],
         # the Hub mirror's commit: the download names it (--revision), as the catalog's would
         "model_revision": info["hub_commit"],
+        # model_source "modelscope" (a test's override): the real modelscope tool, from the
+        # PyPI mirror, through the HTTPS ModelScope mirror on loopback (catalog_overrides
+        # below), whose CA it trusts through this file, as a user trusts a private CA
+        "modelscope_ca_bundle": info["modelscope_ca_bundle"],
         "model_ctx": 2048,
         "model_parallel": 2,
         "health_timeout": 120,
         "catalog_overrides": {
             # every pip install on the box, from the PyPI mirror on loopback
             "pypi.index_url": info["pypi_index_url"],
+            # a ModelScope mirror (https: the client's only scheme), as a user sets one
+            "modelscope.endpoint": info["modelscope_url"],
             "repos.nvidia_cuda.url": info["repo_url"],
             "repos.nvidia_cuda.key_url": info["key_url"],
             "repos.nvidia_cuda.key_fingerprint": info["key_fingerprint"],

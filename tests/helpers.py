@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -64,17 +64,21 @@ def model_plan(directory: Path, **fields: Any) -> model_stage.ModelPlan:
 
 
 @contextmanager
-def serving(handler: type[hub.HubHandler]) -> Iterator[int]:
-    """``handler`` (gpubox.sandbox.hub.handler_class) served on a free loopback port by a thread
-    of this process: yields the port. Stopped when the block ends (and in any case within
-    60 s); the thread must be gone 5 s later."""
+def serving(
+    handler: type[Any], serve: Callable[..., int] = hub.serve, **extra: Any
+) -> Iterator[int]:
+    """``handler`` (gpubox.sandbox.hub.handler_class; or another sandbox server's, with its
+    ``serve`` and that function's ``extra`` arguments) served on a free loopback port by a
+    thread of this process: yields the port. Stopped when the block ends (and in any case
+    within 60 s); the thread must be gone 5 s later."""
     stop = threading.Event()
     deadline = time.monotonic() + 60
     port: list[int] = []
     thread = threading.Thread(
-        target=hub.serve,
+        target=serve,
         args=(handler, "127.0.0.1", 0),
         kwargs={
+            **extra,
             "should_stop": lambda: stop.is_set() or time.monotonic() > deadline,
             "ready": port.append,
         },

@@ -4,7 +4,9 @@ downloads the model through `hf_endpoint` from the sandbox's Hugging Face Hub mi
 (gpubox.sandbox.hub), as a user behind mirrors would. A download slowed down shows progress
 lines; one whose connection breaks is resumed with a Range request; altered bytes are refused
 with both sha256s and leave nothing behind. The tests run in order on one box: one first full
-deploy, then deploys of the model stage alone (deploy/model.py) and two full ones."""
+deploy, then deploys of the model stage alone (deploy/model.py) and two full ones. Last, the
+same model through ``model_source: "modelscope"``: the real `modelscope` client from the
+sandbox's ModelScope mirror (gpubox.sandbox.modelscope_mirror), over HTTPS."""
 
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from pathlib import Path
 import pytest
 from conftest import box_sh
 
+from gpubox.base import layout
 from gpubox.commands import demo
 from gpubox.config import HostConfig, load_host_config
 from gpubox.plans import model as plan_model
 from gpubox.remote import inventory
-from gpubox.sandbox import hub
+from gpubox.sandbox import hub, modelscope_mirror
 from gpubox.stages import model as model_stage
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sandbox_box")]
@@ -296,3 +299,38 @@ def test_after_a_reupload_on_main_an_unpinned_box_deploys_and_serves_the_sha256s
         assert checks.failures == {}, checks.output[-3000:]
     finally:
         Path(info["hub_reuploads"]).unlink(missing_ok=True)  # main is the first upload again
+
+
+def test_modelscope_downloads_with_the_real_client_over_https():
+    """``model_source: "modelscope"`` for real (issue 29 A, B1): the real `modelscope` tool,
+    installed on the box with pip from the sandbox's PyPI mirror, downloads the model from the
+    sandbox's ModelScope mirror over HTTPS (the catalog's modelscope.endpoint pointed at it,
+    its CA trusted through modelscope_ca_bundle, as a user sets both), at the revision the
+    host names; the file is verified and served."""
+    info = demo.box_info()
+    data = (("model_source", "modelscope"), ("model_revision", modelscope_mirror.TAG))
+    cfg = config(*data)
+    assert cfg.catalog["modelscope"]["endpoint"] == info["modelscope_url"]
+    assert cfg.modelscope_ca_bundle == info["modelscope_ca_bundle"]
+    p = plan_model.plan(cfg)
+    assert (p.source, p.repo, p.revision) == ("modelscope", info["modelscope_repo"], "v1.0")
+    box_sh(f"rm -f {p.path} {p.marker}")
+
+    run = deploy_model(data)
+    assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
+    assert f"Download and verify {p.file} (modelscope): done in" in run.output
+    log = modelscope_mirror.read_log(Path(info["modelscope_request_log"]))
+    asked = f"/api/v1/models/{p.repo}/repo?Revision=v1.0&FilePath={p.file}"
+    gets = [e for e in log if e["path"] == asked]
+    assert [(e["status"], e["bytes"]) for e in gets] == [(200, info["model_size"])], log
+    assert box_sh(f"sha256sum {p.path}").split()[0] == info["model_sha256"]
+    assert box_sh(f"test -e {p.staging} || echo gone") == "gone\n"
+    # the real client, the catalog's requirement's newest, from the sandbox's PyPI mirror
+    version = box_sh(
+        f"{layout.MODELSCOPE_VENV}/bin/python -c "
+        "'import importlib.metadata as m; print(m.version(\"modelscope\"))'"
+    ).strip()
+    wheel = Path(info["modelscope_pypi_wheels"]) / f"modelscope-{version}-py3-none-any.whl"
+    assert wheel.exists(), version
+    checks = served_checks()
+    assert checks.failures == {}, checks.output[-3000:]

@@ -11,7 +11,7 @@ from conftest import REFERENCE, fake_host, fresh_box
 from pyinfra.api.command import FileUploadCommand
 
 from gpubox.commands import deploying
-from gpubox.config import load_host_config
+from gpubox.config import load_host_config, validate
 from gpubox.infra import progress
 from gpubox.plans import model as plan_model
 from gpubox.stages import model as model_stage
@@ -204,6 +204,62 @@ def test_modelscope_names_its_own_revision_only_where_the_catalog_has_one():
     commands = "".join(model_stage.download_commands(p, "", "https://www.modelscope.cn"))
     assert "Qwen3-Next-80B-A3B-Thinking-UD-Q4_K_XL.gguf --revision v2 --local_dir" in commands
     assert plan_model.remote_size_command(p, "") is None
+
+
+MS_TOOL = "/opt/gpubox/modelscope-venv/bin/modelscope download --model"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "host"),
+    [
+        (None, "www.modelscope.cn"),  # the catalog's https://www.modelscope.cn
+        ("https://ms-mirror.example.org:8443/", "ms-mirror.example.org:8443"),
+        ("ms-mirror.example.org", "ms-mirror.example.org"),
+    ],
+)
+def test_modelscope_is_given_the_endpoints_host_not_its_url(endpoint, host):
+    """modelscope 1.20 to 1.37 put https:// in front of MODELSCOPE_DOMAIN whatever it holds
+    (modelscope/hub/utils/utils.py get_endpoint): a URL there asked https://https://... (issue
+    29 B1). modelscope-hub (1.38 and later) reads MODELSCOPE_ENDPOINT first, a URL."""
+    data = {**REFERENCE, "model_source": "modelscope"}
+    if endpoint:
+        data["catalog_overrides"] = {"modelscope.endpoint": endpoint}
+    script = uploads(model_stage.model, data, fresh_box("debian12"))[model_stage.SCRIPT]
+    assert f"MODELSCOPE_DOMAIN={host} MODELSCOPE_ENDPOINT=https://{host} {MS_TOOL}" in script
+    assert "https://https://" not in script and "MODELSCOPE_DOMAIN=https" not in script
+    assert "REQUESTS_CA_BUNDLE" not in script  # the client's own CA bundle (certifi)
+
+
+def test_a_private_cas_bundle_reaches_modelscope_as_requests_ca_bundle():
+    data = {
+        **REFERENCE,
+        "model_source": "modelscope",
+        "catalog_overrides": {"modelscope.endpoint": "https://ms.lab.internal"},
+        "modelscope_ca_bundle": "/etc/ssl/certs/lab-ca.pem",
+    }
+    script = uploads(model_stage.model, data, fresh_box("ubuntu2404"))[model_stage.SCRIPT]
+    assert (
+        "MODELSCOPE_DOMAIN=ms.lab.internal MODELSCOPE_ENDPOINT=https://ms.lab.internal "
+        f"REQUESTS_CA_BUNDLE=/etc/ssl/certs/lab-ca.pem {MS_TOOL}"
+    ) in script
+    _, problems = validate("b", {**data, "modelscope_ca_bundle": "lab-ca.pem"})
+    (problem,) = [x for x in problems if x.severity == "error"]
+    assert problem.key == "modelscope_ca_bundle" and "absolute path" in problem.message
+
+
+@pytest.mark.parametrize("endpoint", ["http://ms-mirror.example.org", "https://ms.example/x"])
+def test_a_modelscope_endpoint_that_is_no_https_host_is_refused_naming_the_key(endpoint):
+    data = {
+        **REFERENCE,
+        "model_source": "modelscope",
+        "catalog_overrides": {"modelscope.endpoint": endpoint},
+    }
+    config, problems = validate("b", data)
+    (problem,) = [x for x in problems if x.severity == "error"]
+    assert config is None and problem.key == "catalog_overrides"
+    assert f"'modelscope.endpoint' is {endpoint!r}" in problem.message
+    if endpoint.startswith("http://"):
+        assert "must serve HTTPS" in problem.message
 
 
 def test_a_verified_file_starts_nothing(plan_of):

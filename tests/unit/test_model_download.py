@@ -1,8 +1,9 @@
-"""The model stage's download, run for real in a temporary directory: hf and modelscope
-download into a staging directory and the file moves into model_dir only once it verifies; a
-file that does not verify is refused with both sha256s and leaves nothing behind (neither in
-model_dir nor in the tool's cache); the stage's commands run as one long step whose progress
-lines grow with the download; the size announced by a Hub (or a URL) is read for the ETA."""
+"""The model stage's download, run for real in a temporary directory: curl downloads the
+Hub's file into <file>.part and the file moves into model_dir only once it verifies; a file
+that does not verify is refused with both sha256s and leaves nothing behind; the stage's
+commands run as one long step whose progress lines grow with the download; the size
+announced by a Hub (or a URL) is read for the ETA. modelscope's download (the real client,
+its stall watchdog): test_model_download_modelscope.py."""
 
 from __future__ import annotations
 
@@ -35,36 +36,14 @@ def plan(directory: Path, source: str = "hf", sha256: str | None = SHA) -> model
     return model_plan(directory, source=source, sha256=sha256)
 
 
-def fake_tool(tmp_path: Path, name: str, body: str) -> Path:
-    """A venv whose bin/NAME runs ``body`` with $dir set to its --local-dir/--local_dir."""
-    venv = tmp_path / f"{name}-venv"
-    (venv / "bin").mkdir(parents=True)
-    tool = venv / "bin" / name
-    tool.write_text(
-        "#!/bin/sh\n"
-        f'echo "$@" > {tmp_path}/{name}-args\n'
-        'dir=; while [ $# -gt 0 ]; do case "$1" in --local-dir|--local_dir) dir=$2;; esac; '
-        "shift; done\n" + body
-    )
-    tool.chmod(0o755)
-    return venv
-
-
-def run_step(
-    p: model_stage.ModelPlan,
-    hf_venv: Path | None = None,
-    ms_venv: Path | None = None,
-    hf_endpoint: str = "http://127.0.0.1:9",
-    stall_s: int = 120,
-):
-    """The stage's commands as the unit's script runs them (one script, stops at a failure)."""
+def run_step(p: model_stage.ModelPlan, hf_endpoint: str = "http://127.0.0.1:9", stall_s: int = 120):
+    """The stage's commands as the unit's script runs them (one script, stops at a failure).
+    modelscope's: tests/unit/test_model_download_modelscope.py, with the real client."""
     commands = model_stage.download_commands(
         p,
         hf_endpoint,
-        "http://127.0.0.1:9",
+        "127.0.0.1:9",
         token_file=str(Path(p.directory).parent / "token"),
-        hf_venv=str(hf_venv or "/nonexistent"),
-        ms_venv=str(ms_venv or hf_venv or "/nonexistent"),
         stall_s=stall_s,
     )
     return subprocess.run(
@@ -121,38 +100,6 @@ def test_an_interrupted_download_is_resumed_not_started_again(hub_server, tmp_pa
     assert (get["status"], get["range"], get["bytes"]) == (206, "bytes=1000-", len(GOOD) - 1000)
 
 
-def test_a_stall_restarts_the_transfer_and_keeps_what_it_had(tmp_path):
-    """The watchdog: a transfer that writes nothing for download_stall_s is killed and run
-    again (the third run, here, completes)."""
-    p = plan(tmp_path / "models", source="modelscope")
-    count = tmp_path / "runs"
-    body = (
-        f"echo run >> {count}\n"
-        f'if [ "$(wc -l < {count})" -lt 3 ]; then mkdir -p "$dir"; sleep 60; fi\n'
-        f"printf '%s' '{GOOD.decode()}' > \"$dir/tiny.gguf\"\n"
-    )
-    ms = fake_tool(tmp_path, "modelscope", body)
-    result = run_step(p, ms_venv=ms, stall_s=2)
-    assert result.returncode == 0, result.stderr
-    assert count.read_text().split() == ["run", "run", "run"]
-    assert result.stdout.count("no new bytes for 2 s (download_stall_s): restarting") == 2
-    assert (tmp_path / "models" / "tiny.gguf").read_bytes() == GOOD
-
-
-def test_the_watchdog_gives_up_after_repeated_stalls(tmp_path):
-    p = plan(tmp_path / "models", source="modelscope")
-    ms = fake_tool(tmp_path, "modelscope", 'mkdir -p "$dir"; sleep 60\n')
-    commands = model_stage.download_commands(
-        p, "", "http://127.0.0.1:9", ms_venv=str(ms), stall_s=1
-    )
-    result = subprocess.run(
-        ["sh", "-c", model_stage.step_command(commands)], capture_output=True, text=True, timeout=90
-    )
-    assert result.returncode == 1
-    assert f"stalled {model_stage.model_script.MAX_STALLS} times; giving up" in result.stderr
-    assert "Xet" not in result.stdout  # modelscope has no Xet to turn off
-
-
 def test_hf_and_modelscope_ask_for_the_plans_revision(hub_server, tmp_path):
     files = {"tiny.gguf": tmp_path / "tiny.gguf", "README.md": tmp_path / "README.md"}
     commit = hub.make_repo("gpubox/tiny-GGUF", files).commit  # the fixture's repository
@@ -160,12 +107,14 @@ def test_hf_and_modelscope_ask_for_the_plans_revision(hub_server, tmp_path):
     assert run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}").returncode == 0
     (get,) = hub_gets(tmp_path / "requests.jsonl")
     assert get["path"] == f"/gpubox/tiny-GGUF/resolve/{commit}/tiny.gguf"
-    m = model_plan(tmp_path / "ms-models", source="modelscope", sha256=SHA, revision="v1.0")
-    ms = fake_tool(tmp_path, "modelscope", f"printf '%s' '{GOOD.decode()}' > \"$dir/tiny.gguf\"\n")
-    assert run_step(m, ms, ms).returncode == 0
-    assert "tiny.gguf --revision v1.0 --local_dir" in (tmp_path / "modelscope-args").read_text()
+    # modelscope's, with the real client: test_model_download_modelscope.py
+    pinned = plan(tmp_path / "ms", source="modelscope")
+    pinned = model_stage.ModelPlan(**{**pinned.__dict__, "revision": "v1.0"})
+    assert "tiny.gguf --revision v1.0 --local_dir" in "".join(
+        model_stage.download_commands(pinned, "", "127.0.0.1:9")
+    )
     unpinned = plan(tmp_path / "other", source="modelscope")
-    assert "--revision" not in "".join(model_stage.download_commands(unpinned, "", ""))
+    assert "--revision" not in "".join(model_stage.download_commands(unpinned, "", "127.0.0.1:9"))
 
 
 def test_a_verified_file_is_not_hashed_again(hub_server, tmp_path):
@@ -174,16 +123,6 @@ def test_a_verified_file_is_not_hashed_again(hub_server, tmp_path):
     assert run_step(p, hf_endpoint=f"http://127.0.0.1:{hub_server}").returncode == 0
     again = run_step(p)  # no Hub there
     assert again.returncode == 0 and "is there and verified; kept" in again.stdout
-
-
-def test_modelscope_downloads_through_the_staging_directory_too(tmp_path):
-    p = plan(tmp_path / "models", source="modelscope")
-    body = f"printf '%s' '{BAD.decode()}' > \"$dir/tiny.gguf\"\n"
-    ms = fake_tool(tmp_path, "modelscope", body)
-    result = run_step(p, ms, ms)
-    assert result.returncode == 1 and f"has sha256 {BAD_SHA}, expected {SHA}" in result.stderr
-    assert os.listdir(tmp_path / "models") == []
-    assert "--local_dir " + p.staging in (tmp_path / "modelscope-args").read_text()
 
 
 def test_the_step_stops_at_the_first_failing_command_and_keeps_set_e():

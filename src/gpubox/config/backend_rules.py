@@ -183,6 +183,15 @@ def _download_problems(
             problems.append(
                 Problem(host, key, f"must be a commit, branch or tag name, got {value!r}")
             )
+    bundle = values.get("modelscope_ca_bundle")
+    if valid("modelscope_ca_bundle") and bundle is not None and not bundle.startswith("/"):
+        problems.append(
+            Problem(
+                host,
+                "modelscope_ca_bundle",
+                f"must be an absolute path on the box, got {bundle!r}",
+            )
+        )
     revision = values.get("model_revision")
     if (
         valid("model_revision", "model_source")

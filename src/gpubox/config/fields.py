@@ -64,6 +64,7 @@ class KeyFields:
     model_parallel: KeyValue[int] = KeyValue()
     model_alias: KeyValue[str] = KeyValue()
     hf_endpoint: KeyValue[str | None] = KeyValue()
+    modelscope_ca_bundle: KeyValue[str | None] = KeyValue()
     api_host: KeyValue[str] = KeyValue()
     api_port: KeyValue[int] = KeyValue()
     api_key_file: KeyValue[str] = KeyValue()

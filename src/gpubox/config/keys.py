@@ -320,6 +320,15 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("model_alias", str, "qwen3-next", "the model id the API serves"),
     Key("hf_endpoint", str, None, "Hugging Face mirror, e.g. hf-mirror.com for users in China"),
+    Key(
+        "modelscope_ca_bundle",
+        str,
+        None,
+        "with model_source 'modelscope': a PEM file on the box with the CA certificates the "
+        "modelscope client trusts (REQUESTS_CA_BUNDLE), for a mirror whose HTTPS certificate "
+        "a private CA signed (default: the client's own bundle)",
+        backend="llamacpp",
+    ),
     *_listen_keys("api_host", "api_port", "the API", 8080),
     Key(
         "api_key_file",

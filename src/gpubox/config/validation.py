@@ -14,6 +14,7 @@ from gpubox.base import compat
 from gpubox.config.backend_rules import backend_problems
 from gpubox.config.host import ConfigError, HostConfig, Problem
 from gpubox.config.keys import KEYS, KEYS_BY_NAME, Key
+from gpubox.knowledge import modelscope
 
 
 def _pyinfra_keys() -> set[str]:
@@ -357,6 +358,12 @@ def _override_problem(host_catalog: dict[str, Any], path: Any, value: Any) -> st
         return f"{exc}{hint}"
     if isinstance(current, dict):
         return str(catalog.CatalogError(path, "is a section, not a value"))
+    if path == "modelscope.endpoint":
+        # the modelscope client takes a host and speaks HTTPS only (gpubox.knowledge.modelscope)
+        try:
+            modelscope.domain(str(value))
+        except ValueError as exc:
+            return str(exc)
     if isinstance(current, int | float) and not isinstance(current, bool):
         whole = isinstance(current, int)
         if isinstance(value, bool) or not isinstance(value, int if whole else int | float):

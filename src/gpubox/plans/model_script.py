@@ -10,6 +10,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from gpubox.base import layout
+from gpubox.knowledge import modelscope
 
 # huggingface_hub's own progress bars stay off (the long step reports progress), and so do the
 # CLI's update check and telemetry (calls to pypi.org and the Hub that a mirror does not serve).
@@ -214,12 +215,15 @@ def download_commands(
     ms_venv: str = layout.MODELSCOPE_VENV,
     stall_s: int = 120,
     token_read: str | None = None,
+    ms_ca_bundle: str | None = None,
 ) -> list[str]:
     """mkdir; then, in one command: nothing when the marker says the file verified as it is;
     else the file kept when it verifies, else downloaded (resuming whatever an earlier run
     left: nothing is removed before the transfer) under the stall watchdog and verified; then
     the marker written with the file's size and mtime. Each command stops at its first
-    failure. ``token_read``: the shell word of the file the hf token is read from (default
+    failure. ``ms_endpoint``: ModelScope's https URL or host name (ValueError for http://);
+    ``ms_ca_bundle``: the CA bundle modelscope trusts. ``token_read``: the shell word of the
+    file the hf token is read from (default
     ``token_file``; the unit reads its credential); ``token_file`` is removed when the
     command ends by itself (not when it is stopped: the next start resumes with it)."""
     q = shlex.quote
@@ -280,9 +284,16 @@ def download_commands(
             + f"; mv {part} {path}"
         )
     else:
-        # modelscope keeps its partial files in the local dir and resumes what it can.
+        # modelscope keeps its partial files in the local dir and resumes what it can. It is
+        # given the endpoint's host and adds https:// itself (gpubox.knowledge.modelscope); a
+        # private CA (modelscope_ca_bundle) reaches its requests as REQUESTS_CA_BUNDLE. Every
+        # release takes --model and --local_dir (modelscope-hub as legacy arguments).
+        env = modelscope.env(ms_endpoint)
+        if ms_ca_bundle:
+            env["REQUESTS_CA_BUNDLE"] = ms_ca_bundle
         transfer = (
-            f"MODELSCOPE_DOMAIN={q(ms_endpoint)} {ms_venv}/bin/modelscope download --model "
+            " ".join(f"{name}={q(value)}" for name, value in env.items())
+            + f" {ms_venv}/bin/modelscope download --model "
             f"{q(p.repo)} {q(p.file)}{revision} --local_dir {stage}"
         )
         fetch = (
@@ -322,13 +333,23 @@ def marker_matches_command(p: ModelPlan) -> str:
 
 
 def download_script(
-    p: ModelPlan, hf_endpoint: str, ms_endpoint: str, stall_s: int, token: bool
+    p: ModelPlan,
+    hf_endpoint: str,
+    ms_endpoint: str,
+    stall_s: int,
+    token: bool,
+    ms_ca_bundle: str | None = None,
 ) -> str:
     """The script the download unit runs (``sh SCRIPT``): ``download_commands`` with the hf
     token read from the unit's credential, then the unit disabled once the file verified (it
     is enabled only while a download is pending, so that it resumes after a reboot)."""
     commands = download_commands(
-        p, hf_endpoint, ms_endpoint, stall_s=stall_s, token_read=credential_read(token)
+        p,
+        hf_endpoint,
+        ms_endpoint,
+        stall_s=stall_s,
+        token_read=credential_read(token),
+        ms_ca_bundle=ms_ca_bundle,
     )
     return script_text(p.file, p.directory, commands)
 

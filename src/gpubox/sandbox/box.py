@@ -14,7 +14,9 @@ Lifecycle (this module ties the parts together):
          unix socket <-> socat in the netns), stand-in repository server (repo.py, which also
          serves the catalog's llama.cpp sdist as a PyPI mirror would and a tiny GGUF model:
          llamacpp.py, tinymodel.py), a Hugging Face Hub and PyPI mirror (hub.py, pypi.py: the
-         tiny model for the real hf tool, and that tool's wheels), nspawn under a supervisor
+         tiny model for the real hf tool, and the wheels of hf and modelscope), a ModelScope
+         mirror over HTTPS (modelscope_mirror.py: the tiny model for the real modelscope
+         tool, its CA in the box's root filesystem), nspawn under a supervisor
          (supervisor.py) that boots the box again when it exits with 133 (the box ran
          ``reboot``), with the host's compiler cache bind-mounted at CCACHE_DIR; wait until
          systemd says running (box_ssh.py).
@@ -40,7 +42,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpubox.sandbox import hub, kernel, llamacpp, onepanel, pypi, repo_build, tinymodel
+from gpubox.sandbox import (
+    hub,
+    kernel,
+    llamacpp,
+    modelscope_mirror,
+    onepanel,
+    pypi,
+    repo_build,
+    tinymodel,
+)
 from gpubox.sandbox.box_ssh import (
     ensure_key,
     failed_units,
@@ -50,6 +61,7 @@ from gpubox.sandbox.box_ssh import (
 )
 from gpubox.sandbox.common import (
     HUB_PORT,
+    MODELSCOPE_PORT,
     SandboxError,
     cache_dir,
     debian_mirror,
@@ -177,6 +189,22 @@ def _prepare_hub(
         raise SandboxError(str(exc)) from exc
 
 
+def _prepare_modelscope(
+    sdir: Path, served: dict[str, Path], hub_args: list[str], progress: Progress
+) -> tuple[list[str], dict[str, Any]]:
+    """The ModelScope mirror's arguments and box.json facts (modelscope_mirror.py): the tiny
+    model over HTTPS with a new CA, and the modelscope tool's wheels added to the Hub's PyPI
+    index (``hub_args``)."""
+    try:
+        args, facts = modelscope_mirror.prepare(
+            cache_dir(), sdir, served[tinymodel.URL_PATH], progress
+        )
+    except pypi.PyPIMirrorError as exc:
+        raise SandboxError(str(exc)) from exc
+    hub_args.append(f"--pypi={facts['modelscope_pypi_wheels']}")
+    return args, facts
+
+
 # --------------------------------------------------------------------------- up / down
 
 
@@ -220,6 +248,7 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
     repo = repo_build.ensure_repo(cache_dir() / "repo", rebuild=rebuild, progress=progress)
     served, served_facts = ensure_served_files(progress)
     hub_args, hub_facts = _prepare_hub(sdir, served, progress)
+    ms_args, ms_facts = _prepare_modelscope(sdir, served, hub_args, progress)
     ccache = cache_dir() / "ccache"
     ccache.mkdir(parents=True, exist_ok=True)
 
@@ -258,6 +287,7 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
     state.update(repo_build.repo_facts(repo, REPO_PORT))
     state.update(served_facts)
     state.update(hub_facts)
+    state.update(ms_facts)
     state.update(ccache_dir=CCACHE_DIR, ccache_host_dir=str(ccache))
     write_state(sdir, state)
 
@@ -268,6 +298,7 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
         subprocess.run(["cp", "-a", "--reflink=auto", str(pristine), str(rootfs)], check=True)
         (rootfs / ".gpubox-rootfs-complete").unlink(missing_ok=True)
         prepare_box_rootfs(rootfs, box, mirror, Path(f"{key}.pub").read_text())
+        modelscope_mirror.install_ca(rootfs, Path(ms_facts["modelscope_ca"]))
         clean_old_boxes(boxes, box_dir)
         state["timings"] = {"copy_s": round(time.monotonic() - t0, 2)}
 
@@ -341,6 +372,16 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
         procs["hub_server"] = spawn_server(sdir, box, "hub", hub_args, procs["supervisor"])
         write_state(sdir, state)
         wait_for(lambda: listening(procs["hub_server"], HUB_PORT), 10, "the Hub and PyPI mirror")
+        # the ModelScope mirror over HTTPS (modelscope_mirror.py), which exits with it too
+        procs["modelscope_server"] = spawn_server(
+            sdir, box, "modelscope_mirror", ms_args, procs["supervisor"]
+        )
+        write_state(sdir, state)
+        wait_for(
+            lambda: listening(procs["modelscope_server"], MODELSCOPE_PORT),
+            10,
+            "the ModelScope mirror",
+        )
         if box.number > 1:
             _bridge_ssh(sdir, box, procs)
             write_state(sdir, state)
@@ -485,6 +526,7 @@ def _down(sdir: Path, box: Box, state: dict[str, Any], progress: Progress) -> di
     for name in (
         "ssh_bridge_fleet",
         "ssh_bridge_box",
+        "modelscope_server",
         "hub_server",
         "repo_server",
         "mirror_socat_netns",

@@ -14,6 +14,7 @@ from pathlib import Path
 from gpubox.parsers import ParseError, parse_stanzas
 
 HUB_PORT = 8766  # the Hugging Face Hub and PyPI mirror (hub.py)
+MODELSCOPE_PORT = 8767  # the ModelScope mirror, HTTPS (modelscope_mirror.py)
 SUITE = "bookworm"
 
 

@@ -688,7 +688,7 @@ class HubHandler(StderrLog):
 
 def handler_class(
     repos: dict[str, HubRepo],
-    pypi_dir: Path | None = None,
+    pypi_dir: Path | list[Path] | None = None,
     control: Path | None = None,
     request_log: Path | None = None,
     reuploads: Path | None = None,
@@ -840,7 +840,9 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument(
         "--file", action="append", default=[], metavar="NAME=FILE", help="a file of the repo"
     )
-    srv.add_argument("--pypi", type=Path, help="a directory of wheels to index under /pypi/")
+    srv.add_argument(
+        "--pypi", type=Path, action="append", help="a directory of wheels to index under /pypi/"
+    )
     srv.add_argument("--control", type=Path)
     srv.add_argument("--request-log", type=Path)
     srv.add_argument("--reuploads", type=Path, help="the re-uploads file (add_reupload)")

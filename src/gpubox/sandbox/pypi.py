@@ -1,13 +1,15 @@
 """A PyPI mirror for the sandbox box: a PEP 503 simple index of real wheels, served on loopback.
 
 The box reaches Debian's mirror through a bridge but no PyPI, as a box behind a company mirror
-reaches only that mirror. What the box installs with pip (huggingface_hub for the model stage,
-catalog ``hf.hub_requirement``) is downloaded here once, with the host's own pip (so the
-host's PyPI settings apply), as wheels for the box: CPython 3.11 (Debian 12's python3) on
-x86_64 with glibc 2.36, every dependency included. The wheels are cached under the gpubox
-cache dir, one directory per set of requirements; the hub server (hub.py) publishes them as a
-simple index, and the sandbox's inventory points ``pypi.index_url`` at it, through
-``catalog_overrides`` like any mirror.
+reaches only that mirror. What the box installs with pip (the model stage's tools:
+huggingface_hub, catalog ``hf.hub_requirement``, and modelscope, ``modelscope.requirement``)
+is downloaded here once, with the host's own pip (so the host's PyPI settings apply), as
+wheels for the box: CPython 3.11 (Debian 12's python3) on x86_64 with glibc 2.36, every
+dependency included. The wheels are cached under the gpubox cache dir, one directory per set
+of requirements (each tool's under a base directory of its own, since a new set replaces the
+others of its base); the hub server (hub.py) publishes them all as one simple index, and the
+sandbox's inventory points ``pypi.index_url`` at it, through ``catalog_overrides`` like any
+mirror.
 
 PEP 503 in short: ``<index>/`` lists one link per project; ``<index>/<project>/`` lists one
 link per file, whose URL may end in ``#sha256=<hex>`` (pip checks it); project names are
@@ -25,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # The box: Debian 12's CPython 3.11 on x86_64, glibc 2.36 (manylinux tags up to 2_36 fit).
@@ -141,16 +143,21 @@ def ensure_wheels(base: Path, requirements: list[str], progress: Progress) -> Pa
 
 
 class SimpleIndex:
-    """The pages of a PEP 503 index over a directory of distribution files. ``files_url`` is
-    where the files are served (the links are relative to the project page)."""
+    """The pages of a PEP 503 index over one or more directories of distribution files (the
+    wheel sets of several tools: a file name in two of them is the same file, from PyPI).
+    The links are relative to the project page."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path | Sequence[Path]) -> None:
+        directories = [directory] if isinstance(directory, Path) else list(directory)
         self.projects: dict[str, dict[str, str]] = {}  # project -> file name -> sha256
-        for path in sorted(directory.iterdir()):
+        self.paths: dict[str, Path] = {}  # file name -> file
+        for path in sorted(p for d in directories for p in d.iterdir()):
+            if path.name in self.paths:
+                continue
             if path.suffix == ".whl" or path.name.endswith((".tar.gz", ".zip")):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 self.projects.setdefault(project_of(path.name), {})[path.name] = digest
+                self.paths[path.name] = path
 
     def root_page(self) -> str:
         links = "\n".join(
@@ -173,9 +180,7 @@ class SimpleIndex:
     def file(self, name: str) -> Path | None:
         if "/" in name or name.startswith("."):
             return None
-        if any(name in files for files in self.projects.values()):
-            return self.directory / name
-        return None
+        return self.paths.get(name)
 
 
 def _page(title: str, body: str) -> str:

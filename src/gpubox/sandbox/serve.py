@@ -1,7 +1,8 @@
-"""What the sandbox's two loopback HTTP servers share: the stand-in NVIDIA repository
-(repo.py) and the Hugging Face Hub and PyPI mirror (hub.py). Both answer single byte ranges
-as GitHub's and Hugging Face's servers do, log each request to stderr with the time, and serve
-until SIGTERM or until the box's supervisor is gone, so they never outlive the box."""
+"""What the sandbox's loopback HTTP servers share: the stand-in NVIDIA repository (repo.py),
+the Hugging Face Hub and PyPI mirror (hub.py) and the ModelScope mirror (modelscope_mirror.py,
+over HTTPS). All answer single byte ranges as GitHub's and Hugging Face's servers do, log each
+request to stderr with the time, and serve until SIGTERM or until the box's supervisor is
+gone, so they never outlive the box."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import contextlib
 import os
 import re
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -97,12 +99,15 @@ def serve_until_stopped(
     watch: tuple[int, int] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     ready: Callable[[int], None] = lambda port: None,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
     """Serve on ``bind``:``port`` until SIGTERM or SIGINT (in the main thread),
     ``should_stop()``, or until the watched process (PID, kernel start time: the box's
     supervisor) is gone; polls every second, so the loop always ends. Once bound, prints the
     time and ``describe(bound port)`` to stderr and hands the bound port to ``ready`` (``port``
-    0: one the kernel picks)."""
+    0: one the kernel picks). With ``tls``, HTTPS: each connection's handshake runs in its
+    own thread, under the handler's timeout, so a client that never shakes hands holds no
+    one up."""
     stop = False
 
     def on_term(signum: int, frame: Any) -> None:
@@ -116,6 +121,10 @@ def serve_until_stopped(
     with ThreadingHTTPServer((bind, port), handler) as httpd:
         httpd.daemon_threads = True
         httpd.timeout = 1.0
+        if tls is not None:
+            httpd.socket = tls.wrap_socket(
+                httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
         bound = httpd.server_address[1]
         print(f"{time.strftime('%H:%M:%S')} {describe(bound)}", file=sys.stderr, flush=True)
         ready(bound)

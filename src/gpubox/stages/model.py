@@ -51,6 +51,7 @@ from gpubox.config import HostConfig
 from gpubox.infra import progress
 from gpubox.infra.host_facts import CommandOutput, NetworkOutput
 from gpubox.infra.operations import ManagedFiles
+from gpubox.knowledge import modelscope
 from gpubox.ops import units
 from gpubox.plans import checkpoint, model_pin, model_script
 from gpubox.plans.model import (
@@ -141,13 +142,22 @@ def begin_download(config: HostConfig, p: ModelPlan) -> _Begun:
             "the sha256 still refuses other bytes (model_revision pins one)"
         )
     if p.source == "modelscope":
+        try:
+            modelscope.domain(catalog["modelscope"]["endpoint"])
+        except ValueError as exc:
+            raise DeployRefused(f"{host.name}: catalog {exc}; nothing was changed") from exc
         download_tool(config, p.source)
     else:
         # hf and url: curl (a minimal Debian has none); apt's lists may be missing this early
         apt.packages(name="curl for the download", packages=["curl"], update=True, cache_time=3600)
     token = put_token() if p.source == "hf" else False
     script = download_script(
-        p, hf_endpoint, catalog["modelscope"]["endpoint"], config.download_stall_s, token
+        p,
+        hf_endpoint,
+        catalog["modelscope"]["endpoint"],
+        config.download_stall_s,
+        token,
+        ms_ca_bundle=config.modelscope_ca_bundle,
     )
     managed = ManagedFiles(
         {SCRIPT: script, UNIT_FILE: unit_text(p, config.download_memory_max, token)}
