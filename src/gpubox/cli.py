@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import json
 import os
@@ -16,6 +17,7 @@ from typing import Any
 from gpubox import config
 from gpubox.config.keys import KEYS
 from gpubox.remote import inventory, reach
+from gpubox.rules import driver_lifecycle
 
 # What a command needs beyond this module, imported only when that command runs (_lazy):
 # `gpubox --help`, `check` and `keys` need none of it, and together these take about 220 ms
@@ -80,10 +82,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     if hosts is None:
         return 2
     counts = _report_by_host(hosts, {})
+    notes = _lifecycle_notes(hosts, datetime.date.today())
     width = max(len(name) for name in counts)
     for name, (errors, warned) in counts.items():
         verdict = "valid" if not errors else f"{errors} error(s)"
-        print(f"{name:<{width}}  {verdict}" + (f", {warned} warning(s)" if warned else ""))
+        print(
+            f"{name:<{width}}  {verdict}"
+            + (f", {warned} warning(s)" if warned else "")
+            + (", 1 note" if name in notes else "")
+        )
     errors = sum(e for e, _ in counts.values())
     if errors:
         bad = sum(1 for e, _ in counts.values() if e)
@@ -95,6 +102,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     print(f"{args.inventory}: {len(hosts)} host(s) valid")
     return 0
+
+
+def _lifecycle_notes(hosts: list[tuple[str, dict[str, Any]]], today: datetime.date) -> set[str]:
+    """Print each valid host's driver lifecycle note (a note, never an error: the exit status
+    does not change); return the hosts that got one."""
+    noted = set()
+    for name, data in hosts:
+        host_config, _ = config.validate(name, data)
+        found = None if host_config is None else driver_lifecycle.host_note(host_config, today)
+        if found is not None:
+            print(f"note: {name}: {found.text}")
+            noted.add(name)
+    return noted
 
 
 def cmd_burnin(args: argparse.Namespace) -> int:

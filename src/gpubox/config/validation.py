@@ -14,7 +14,7 @@ from gpubox.base import compat
 from gpubox.config.backend_rules import backend_problems
 from gpubox.config.host import ConfigError, HostConfig, Problem
 from gpubox.config.keys import KEYS, KEYS_BY_NAME, Key
-from gpubox.knowledge import modelscope
+from gpubox.knowledge import driver_lifecycle, modelscope
 
 
 def _pyinfra_keys() -> set[str]:
@@ -98,6 +98,10 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
             invalid.update(("catalog_overrides", f"catalog_overrides:{path}"))
         else:
             catalog.set_path(host_catalog, path, value)
+
+    # catalog.yml's own lifecycle entries (an override's were screened above).
+    for message in driver_lifecycle.problems(host_catalog["driver"]["branches"]):
+        problems.append(Problem(host, "catalog", f"catalog.yml: {message}"))
 
     def valid(*names: str) -> bool:
         """Whether every key a rule reads holds the host's own, accepted value."""
@@ -364,6 +368,13 @@ def _override_problem(host_catalog: dict[str, Any], path: Any, value: Any) -> st
             modelscope.domain(str(value))
         except ValueError as exc:
             return str(exc)
+    parts = path.split(".")
+    if parts[:2] == ["driver", "branches"] and len(parts) == 5 and parts[3] == "lifecycle":
+        # a branch's lifecycle stays well formed (gpubox.knowledge.driver_lifecycle)
+        entry = {**host_catalog["driver"]["branches"][parts[2]]["lifecycle"], parts[4]: value}
+        found = driver_lifecycle.entry_problems(parts[2], entry)
+        if found:
+            return "; ".join(found)
     if isinstance(current, int | float) and not isinstance(current, bool):
         whole = isinstance(current, int)
         if isinstance(value, bool) or not isinstance(value, int if whole else int | float):

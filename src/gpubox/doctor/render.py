@@ -162,6 +162,8 @@ def render_text(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> str
             f"held {held}/{len(packages) if drv['holds_known'] else '?'}; "
             f"nvidia-persistenced {_state(view['persistenced'])}"
         )
+    if drv.get("lifecycle"):
+        w(f"          note: {drv['lifecycle']}")
     kern = drv.get("kernels")
     if kern:
         built = [k for k in kern["kernels"] if k not in kern["lacking"]]

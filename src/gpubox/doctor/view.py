@@ -17,6 +17,7 @@ from gpubox.checks.facts import api_base
 from gpubox.config import HostConfig, target_for
 from gpubox.knowledge import secure_boot
 from gpubox.knowledge.panel import PanelState
+from gpubox.rules import driver_lifecycle
 
 BACKEND_UNITS = layout.BACKEND_UNITS
 
@@ -459,12 +460,15 @@ def describe(
     services = _value(r, "services")
     os_view = _describe_os(r, config)
     family = os_view.get("family")
+    driver = _describe_driver(r, config, family)
+    note = driver_lifecycle.host_note(config, now.date())  # the pinned branch's, as check's
+    driver["lifecycle"] = None if note is None else note.text
     return {
         "os": os_view,
         "gpus": _describe_gpus(r),
         "lspci_gpus": _describe_lspci(r),
         "nvlink": _describe_nvlink(r),
-        "driver": _describe_driver(r, config, family),
+        "driver": driver,
         "secure_boot": _describe_secure_boot(r),
         "persistenced": _service(services, "nvidia-persistenced"),
         "cuda": _describe_cuda(r, config),
