@@ -574,6 +574,34 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
     ) in text
 
 
+def test_the_driver_line_carries_the_lifecycle_note_and_no_check_fails_on_it(host: StandinHost):
+    """Issue 30 A: the pinned R570 is past its end of life (unlisted by NVIDIA): doctor's Driver
+    line is followed by the same note `gpubox check` prints, and every check still passes."""
+    view, verdicts, text = check(host)
+    assert failed(verdicts) == {}
+    driver_checks = [v for v in verdicts if v.check.startswith("driver.")]
+    assert len(driver_checks) >= 5 and all(v.status == "pass" for v in driver_checks)
+    assert text.endswith("OK: no deviation from the inventory\n")
+    note = view["driver"]["lifecycle"]
+    assert note.startswith("driver branch R570 is past its end of life (unlisted since the 615")
+    assert note.endswith('move to R580: set "driver_branch": "580" and deploy')
+    lines = text.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("Driver    installed "))
+    assert lines[at + 1] == f"          note: {note}"
+    # R580 on the same V100s: no note until six months before its end of life (2028-06), then
+    # the hardware's last branch
+    r580 = load_host_config(
+        "box", {"nvlink_links": 2, "llamacpp_cuda": False, "driver_branch": "580"}
+    )
+    facts = doctor.gather(host, r580)
+    assert doctor.describe(r580, facts, NOW)["driver"]["lifecycle"] is None
+    late = datetime.datetime(2028, 1, 5, tzinfo=datetime.UTC)
+    assert (
+        "R580 is the last branch for Volta"
+        in doctor.describe(r580, facts, late)["driver"]["lifecycle"]
+    )
+
+
 def test_planted_faults_gpu_missing(host: StandinHost):
     st.set_gpu_present(host.state, 1, False)
     _, verdicts, text = check(host)

@@ -243,7 +243,9 @@ def test_check_prints_no_note_for_a_branch_with_time_left(tmp_path: Path, capsys
     monkeypatch.setattr(cli.datetime, "date", _Date)
     monkeypatch.setattr(_Date, "today", classmethod(lambda cls: cls(2027, 12, 1)))
     inventory = tmp_path / "one.py"
-    inventory.write_text("hosts = [('v100', {'ssh_hostname': '192.0.2.2', 'driver_branch': 580})]\n")
+    inventory.write_text(
+        "hosts = [('v100', {'ssh_hostname': '192.0.2.2', 'driver_branch': 580})]\n"
+    )
     assert cli.main(["check", str(inventory)]) == 0
     out = capsys.readouterr().out
     assert "note:" not in out and out.splitlines()[-2] == "v100  valid"

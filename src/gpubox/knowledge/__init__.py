@@ -3,5 +3,6 @@
 One subject a module: ``reads`` (the reads of a host the deploy and the checks share),
 ``vllm_rules``, ``torch_archs``, ``openai_shape``, ``answer_sanity``, ``watchdog`` (also the
 program the box's watchdog timer runs), ``exporter_label``, ``secure_boot``, ``users``,
-``apt_versions``, ``panel``, ``modelscope``, ``driver_lifecycle``. docs/design.md says what each one is.
+``apt_versions``, ``panel``, ``modelscope``, ``driver_lifecycle``. docs/design.md says what
+each one is.
 """
