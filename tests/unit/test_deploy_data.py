@@ -5,6 +5,8 @@ and the --data that set it. `gpubox check` takes the same options and says the s
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -183,3 +185,66 @@ def test_the_deploy_command_line_validates_data_in_a_real_process(tmp_path):
     assert proc.returncode == reach.BAD_INPUT, proc.stderr
     assert "gpu1: driver_branch: no catalog entry for branch '999'" in proc.stdout
     assert "no host was contacted" in proc.stderr
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (connecting is refused at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_verify_judges_the_hosts_with_the_same_data(tmp_path, capsys, monkeypatch, box):
+    import pytest as pytest_module
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(pytest_module, "main", lambda argv: ran.append(argv) or 0)
+    assert cli.main(["verify", LAB, "--data", "driver_branch=999"]) == reach.BAD_INPUT
+    out, err = capsys.readouterr()
+    assert "error: gpu2: driver_branch: no catalog entry for branch '999'" in out
+    assert "(from --data driver_branch=999)" in out and "no host was contacted" in err
+    assert box.probed == [] and ran == []
+    assert cli.main(["verify", LAB, "--data", "gpu_count=4", "-m", "quick"]) == reach.OK
+    assert {data["gpu_count"] for _, data in box.probed} == {4}
+    ((argv),) = ran
+    assert argv[argv.index("--data") + 1] == "gpu_count=4"  # to the plugin's hosts too
+
+
+def test_the_host_checks_plugin_reads_the_hosts_with_data(tmp_path):
+    """`pytest tests/host --inventory INVENTORY --data KEY=VALUE`: the plugin's hosts carry
+    the value (here the SSH port it connects to), and a --data without "=" is a usage error."""
+    own, given = free_port(), free_port()
+    while given == own:
+        given = free_port()
+    path = write(
+        tmp_path,
+        "ported.py",
+        f"hosts = [('one', {{'ssh_hostname': '127.0.0.1', 'ssh_port': {own}}})]\n",
+    )
+    pytest_host = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/host"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+    def run(*more: str) -> subprocess.CompletedProcess[str]:
+        argv = [*pytest_host, "--inventory", path, "-m", "quick", *more]
+        return subprocess.run(
+            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    done = run("--data", f"ssh_port={given}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"one: unreachable: connection refused by 127.0.0.1:{given} " in done.stdout
+    assert f"127.0.0.1:{own}" not in done.stdout
+    done = run("--data", "ssh_port")
+    assert done.returncode == 4 and "--data ssh_port: not KEY=VALUE" in done.stderr
+
+
+def test_doctor_judges_the_hosts_with_the_same_data(capsys, monkeypatch):
+    from gpubox.doctor import cli as doctor
+
+    probed: list[str] = []
+    monkeypatch.setattr(reach, "probe_all", lambda hosts: probed.extend(n for n, _ in hosts))
+    assert doctor.main([LAB, "--data", "driver_branch=999"]) == reach.BAD_INPUT
+    assert "driver_branch: no catalog entry for branch '999'" in capsys.readouterr().err
+    assert doctor.main([LAB, "--data", "driver_branch"]) == reach.BAD_INPUT
+    assert capsys.readouterr().err == "gpubox doctor: --data driver_branch: not KEY=VALUE\n"
+    assert probed == []
