@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -40,10 +41,17 @@ def _lazy(command: str) -> ModuleType:
     return importlib.import_module(LAZY[command])  # lazy: only the command that runs (LAZY)
 
 
-def _load_hosts(command: str, path: str) -> list[tuple[str, dict[str, Any]]] | None:
-    """The inventory's hosts, or None once a one-line reason is printed (exit status 2)."""
+def _load_hosts(
+    command: str,
+    path: str,
+    overrides: dict[str, Any] | None = None,
+    group_data: Sequence[str] = (),
+) -> list[tuple[str, dict[str, Any]]] | None:
+    """The inventory's hosts, their data merged by pyinfra as a pyinfra run given
+    ``--data`` (``overrides``) and ``--group-data`` merges them; or None once a one-line
+    reason is printed (exit status 2)."""
     try:
-        hosts = inventory.load(path)
+        hosts = inventory.load(path, overrides, group_data)
     except inventory.InventoryError as exc:
         print(f"gpubox {command}: cannot read {path}: {exc}", file=sys.stderr)
         return None
@@ -54,34 +62,63 @@ def _load_hosts(command: str, path: str) -> list[tuple[str, dict[str, Any]]] | N
 
 
 def _report(
-    hosts: list[tuple[str, dict[str, Any]]], overrides: dict[str, Any], warnings: bool = True
+    hosts: list[tuple[str, dict[str, Any]]],
+    overrides: dict[str, Any],
+    warnings: bool = True,
+    origins: dict[str, str] | None = None,
 ) -> int:
     """Print every host's problems (with ``overrides`` applied); return the error count."""
-    return sum(errors for errors, _ in _report_by_host(hosts, overrides, warnings).values())
+    counts = _report_by_host(hosts, overrides, warnings, origins)
+    return sum(errors for errors, _ in counts.values())
 
 
 def _report_by_host(
-    hosts: list[tuple[str, dict[str, Any]]], overrides: dict[str, Any], warnings: bool = True
+    hosts: list[tuple[str, dict[str, Any]]],
+    overrides: dict[str, Any],
+    warnings: bool = True,
+    origins: dict[str, str] | None = None,
 ) -> dict[str, tuple[int, int]]:
-    """Print every host's problems; return (errors, warnings) per host."""
+    """Print every host's problems; return (errors, warnings) per host. ``overrides`` are
+    over every host's data, as pyinfra's ``--data`` is; a problem with a key of theirs says
+    where the value came from: ``origins[key]``, by default ``--data KEY=VALUE``."""
     counts = {}
     for name, data in hosts:
         _, problems = config.validate(name, {**data, **overrides})
         errors = warned = 0
         for problem in problems:
             if problem.severity == "error" or warnings:
-                print(f"{problem.severity}: {problem}")
+                came = _origin(problem.key, overrides, origins or {})
+                print(f"{problem.severity}: {problem}" + (f" (from {came})" if came else ""))
             errors += problem.severity == "error"
             warned += problem.severity != "error"
         counts[name] = (errors, warned)
     return counts
 
 
+def _origin(key: str, overrides: dict[str, Any], origins: dict[str, str]) -> str | None:
+    if key not in overrides:
+        return None
+    return origins.get(key) or f"--data {key}={overrides[key]!r}"
+
+
+def _with_data(command: str, args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """(hosts, overrides) of ``args``'s inventory with its --data and --group-data, or None
+    once a one-line reason is printed (a --data without "=", an inventory not read)."""
+    try:
+        overrides = inventory.data_overrides(args.data)
+    except ValueError as exc:
+        print(f"gpubox {command}: {exc}", file=sys.stderr)
+        return None
+    hosts = _load_hosts(command, args.inventory, overrides, args.group_data)
+    return None if hosts is None else (hosts, overrides)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    hosts = _load_hosts("check", args.inventory)
-    if hosts is None:
+    loaded = _with_data("check", args)
+    if loaded is None:
         return 2
-    counts = _report_by_host(hosts, {})
+    hosts, overrides = loaded
+    counts = _report_by_host(hosts, overrides, origins=inventory.data_origins(args.data))
     notes = _lifecycle_notes(hosts, datetime.date.today())
     width = max(len(name) for name in counts)
     for name, (errors, warned) in counts.items():
@@ -92,15 +129,16 @@ def cmd_check(args: argparse.Namespace) -> int:
             + (", 1 note" if name in notes else "")
         )
     errors = sum(e for e, _ in counts.values())
+    with_data = "".join(f" --data {pair}" for pair in args.data)
     if errors:
         bad = sum(1 for e, _ in counts.values() if e)
         print(
-            f"{errors} problem(s) on {bad} of {len(hosts)} host(s) in {args.inventory}; "
-            "no host was contacted",
+            f"{errors} problem(s) on {bad} of {len(hosts)} host(s) in {args.inventory}"
+            f"{with_data}; no host was contacted",
             file=sys.stderr,
         )
         return 2
-    print(f"{args.inventory}: {len(hosts)} host(s) valid")
+    print(f"{args.inventory}{with_data}: {len(hosts)} host(s) valid")
     return 0
 
 
@@ -126,7 +164,8 @@ def cmd_burnin(args: argparse.Namespace) -> int:
     if hosts is None:
         return 2
     overrides = {} if args.seconds is None else {"burnin_seconds": args.seconds}
-    errors = _report(hosts, overrides, warnings=False)
+    origins = {"burnin_seconds": f"--seconds {args.seconds}"}
+    errors = _report(hosts, overrides, warnings=False, origins=origins)
     if errors:
         print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
         return 2
@@ -256,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("verify", help="run every host check on the inventory's hosts (pytest)")
     check = sub.add_parser("check", help="validate an inventory offline (no host is contacted)")
     check.add_argument("inventory")
+    inventory.add_data_arguments(check, "seen as gpubox deploy sees it")
     check.set_defaults(func=cmd_check)
     listing = sub.add_parser("checks", help="list every check on a box (id, marker, title)")
     listing.add_argument("--markdown", action="store_true", help="as a Markdown table")

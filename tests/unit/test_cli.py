@@ -130,7 +130,9 @@ def test_burnin_checks_the_inventory_and_seconds_before_pyinfra(tmp_path, capsys
     inventory = tmp_path / "good.py"  # (pyinfra caches a file's code by its name)
     inventory.write_text("hosts = [('a', {'ssh_hostname': '192.0.2.1'})]\n")
     assert main(["burnin", str(inventory), "--seconds", "0"]) == 2
-    assert capsys.readouterr().out == "error: a: burnin_seconds: must be at least 1, got 0\n"
+    assert capsys.readouterr().out == (
+        "error: a: burnin_seconds: must be at least 1, got 0 (from --seconds 0)\n"
+    )
 
 
 def test_burnin_runs_pyinfra_on_a_valid_inventory(capsys, monkeypatch, tmp_path):

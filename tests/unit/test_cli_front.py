@@ -133,7 +133,7 @@ def test_a_reachable_inventory_runs_pyinfra_on_the_packaged_deploy(tmp_path, mon
     monkeypatch.setenv(deploying.STAGES_ENV, "tools")  # a stale one from the caller's shell
     inventory = lab(tmp_path, ["a", "b"])
     argv = ["deploy", inventory, "--dry", "--limit", "a", "--stage", "cuda", "--stage", "driver"]
-    assert cli.main([*argv, "--data", "x=1"]) == reach.OK
+    assert cli.main([*argv, "--data", "model_ctx=65536"]) == reach.OK
     assert seen == ["a"]  # only the host the limit selects
     ((command_line, env),) = pyinfra.calls
     assert command_line[0] == str(Path(sys.executable).parent / "pyinfra")
@@ -141,7 +141,7 @@ def test_a_reachable_inventory_runs_pyinfra_on_the_packaged_deploy(tmp_path, mon
         "--dry",
         "--limit=a",
         "--data",
-        "x=1",
+        "model_ctx=65536",
         inventory,
         str(ROOT / "src" / "gpubox" / "deploy" / "full.py"),
     ]

@@ -1,11 +1,14 @@
 """`gpubox deploy INVENTORY`: the full deploy shipped inside the package, run by pyinfra.
 
 Before pyinfra starts, the whole inventory is validated (as ``gpubox check``: a bad one exits 2
-and no host is contacted) and every targeted host is probed over SSH (``gpubox.remote.reach``). When
-one cannot be reached, nothing is deployed anywhere: one line per such host
-(``NAME: unreachable: WHY``) and exit 3; ``--limit`` the others to deploy them. Otherwise
-pyinfra runs ``gpubox/deploy/full.py`` with every other option passed through; its output is
-pyinfra's, and a failed run exits 1 (2 when pyinfra refuses an option).
+and no host is contacted) with the data pyinfra will see: ``--data KEY=VALUE`` over every
+host's own, each value read by pyinfra's own parser (``gpubox.remote.inventory``), and the
+``--group-data`` files; a problem with a key that ``--data`` set says so. Then every targeted
+host is probed over SSH (``gpubox.remote.reach``). When one cannot be reached, nothing is
+deployed anywhere: one line per such host (``NAME: unreachable: WHY``) and exit 3; ``--limit``
+the others to deploy them. Otherwise pyinfra runs ``gpubox/deploy/full.py`` with every other
+option passed through; its output is pyinfra's, and a failed run exits 1 (2 when pyinfra
+refuses an option).
 
 ``--stage NAME`` (repeatable) runs only the named stages of the full deploy, in the full
 deploy's order; the deploy file reads them from ``$GPUBOX_STAGES``."""
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpubox.infra import outcome
-from gpubox.remote import reach
+from gpubox.remote import inventory, reach
 
 # The full deploy's stages, in the order they run (gpubox/deploy/full.py maps each name to
 # its stage function).
@@ -136,12 +139,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--limit", action="append", default=[], help="pyinfra's --limit: only these hosts"
     )
+    inventory.add_data_arguments(p, "validated as pyinfra will see it, then passed to it")
     return p
 
 
 def main(
     argv: list[str],
-    load_hosts: Callable[[str, str], list[tuple[str, dict[str, Any]]] | None],
+    load_hosts: Callable[..., list[tuple[str, dict[str, Any]]] | None],
     report: Callable[..., int],
     probe: Callable[[str, dict[str, Any]], str | None] | None = None,
 ) -> int:
@@ -151,12 +155,23 @@ def main(
     if bad:
         print(f"gpubox deploy: unknown stage(s) {', '.join(bad)}; {valid_text()}", file=sys.stderr)
         return reach.BAD_INPUT
-    hosts = load_hosts("deploy", args.inventory)
+    try:
+        overrides = inventory.data_overrides(args.data)
+    except ValueError as exc:
+        print(f"gpubox deploy: {exc}", file=sys.stderr)
+        return reach.BAD_INPUT
+    # the hosts' data as pyinfra will merge it: --data over each host's own, over its groups'
+    hosts = load_hosts("deploy", args.inventory, overrides, args.group_data)
     if hosts is None:
         return reach.BAD_INPUT
-    errors = report(hosts, {}, warnings=False)
+    origins = inventory.data_origins(args.data)
+    errors = report(hosts, overrides, warnings=False, origins=origins)
     if errors:
-        print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
+        with_data = "".join(f" --data {pair}" for pair in args.data)
+        print(
+            f"{errors} problem(s) in {args.inventory}{with_data}; no host was contacted",
+            file=sys.stderr,
+        )
         return reach.BAD_INPUT
     found = probe_all(targeted(hosts, args.limit), probe)
     down = {name: why for name, why in found.items() if why is not None}
@@ -174,6 +189,8 @@ def main(
     command = [pyinfra_executable()]
     command += ["--dry"] * args.dry + ["-y"] * args.yes
     command += [f"--limit={limit}" for limit in args.limit]
+    command += [arg for pair in args.data for arg in ("--data", pair)]
+    command += [arg for path in args.group_data for arg in ("--group-data", path)]
     command += [*rest, args.inventory, str(DEPLOY_DIR / "full.py")]
     env = dict(os.environ)
     env.pop(STAGES_ENV, None)

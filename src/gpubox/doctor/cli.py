@@ -78,9 +78,15 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("inventory")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    inventory.add_data_arguments(parser, "each host judged as a deploy given it converged it")
     args = parser.parse_args(argv)
     try:
-        hosts = inventory.load(args.inventory)
+        overrides = inventory.data_overrides(args.data)
+    except ValueError as exc:
+        print(f"gpubox doctor: {exc}", file=sys.stderr)
+        return reach.BAD_INPUT
+    try:
+        hosts = inventory.load(args.inventory, overrides, args.group_data)
     except Exception as exc:  # a broken inventory file is the user's to see, whole
         print(f"gpubox doctor: cannot read {args.inventory}: {exc}", file=sys.stderr)
         return reach.BAD_INPUT

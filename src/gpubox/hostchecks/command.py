@@ -20,7 +20,7 @@ import pytest
 
 from gpubox.commands.deploying import probe_all
 from gpubox.hostchecks import plugin
-from gpubox.remote import reach
+from gpubox.remote import inventory, reach
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-k", dest="expr", metavar="EXPR", help="only the checks matching EXPR")
     p.add_argument("--burn", action="store_true", help="also the checks that load the GPUs")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per check")
+    inventory.add_data_arguments(p, "the hosts judged as a deploy given it converged them")
     return p
 
 
@@ -71,6 +72,8 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
         argv += ["-k", args.expr]
     if args.burn:
         argv.append("--burn")
+    argv += [arg for pair in args.data for arg in ("--data", pair)]
+    argv += [arg for path in args.group_data for arg in ("--group-data", path)]
     return argv
 
 
@@ -80,17 +83,26 @@ PYTEST_CODES = {0: reach.OK, 1: reach.DEVIATES, 4: reach.BAD_INPUT, 5: reach.BAD
 
 def main(
     argv: list[str],
-    load_hosts: Callable[[str, str], list[tuple[str, dict[str, Any]]] | None],
+    load_hosts: Callable[..., list[tuple[str, dict[str, Any]]] | None],
     report: Callable[..., int],
     probe: Callable[[str, dict[str, Any]], str | None] | None = None,
 ) -> int:
     args = parser().parse_args(argv)
-    hosts = load_hosts("verify", args.inventory)
+    try:
+        overrides = inventory.data_overrides(args.data)
+    except ValueError as exc:
+        print(f"gpubox verify: {exc}", file=sys.stderr)
+        return reach.BAD_INPUT
+    hosts = load_hosts("verify", args.inventory, overrides, args.group_data)
     if hosts is None:
         return reach.BAD_INPUT
-    errors = report(hosts, {}, warnings=False)
+    errors = report(hosts, overrides, warnings=False, origins=inventory.data_origins(args.data))
     if errors:
-        print(f"{errors} problem(s) in {args.inventory}; no host was contacted", file=sys.stderr)
+        with_data = "".join(f" --data {pair}" for pair in args.data)
+        print(
+            f"{errors} problem(s) in {args.inventory}{with_data}; no host was contacted",
+            file=sys.stderr,
+        )
         return reach.BAD_INPUT
     found = probe_all(hosts, probe)
     down = {name: why for name, why in found.items() if why is not None}

@@ -50,6 +50,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="pyinfra inventory file whose hosts are checked",
     )
     parser.addoption(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pyinfra's --data: a host data value over every host's own, as a deploy given it",
+    )
+    parser.addoption(
+        "--group-data",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="pyinfra's --group-data: more group data files or directories",
+    )
+    parser.addoption(
         "--burn",
         action="store_true",
         default=False,
@@ -71,7 +85,10 @@ def _hosts(config: pytest.Config) -> list[tuple[str, dict[str, Any]]]:
     if not path:
         raise pytest.UsageError("the host checks need --inventory INVENTORY (a pyinfra inventory)")
     try:
-        hosts = inventory.load(path)
+        overrides = inventory.data_overrides(config.getoption("--data") or [])
+        hosts = inventory.load(path, overrides, config.getoption("--group-data") or [])
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     except inventory.InventoryError as exc:
         raise pytest.UsageError(f"cannot read {path}: {exc}") from None
     return [h for h in hosts if h[0] not in REPORTED]

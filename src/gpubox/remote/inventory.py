@@ -3,11 +3,12 @@ connection data into what testinfra needs (the host checks use the same inventor
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,14 @@ an inventory is a Python file whose lists name the hosts, each a name and its da
 (inventories/example.py in gpubox's source is one; docs/keys.md lists the keys)"""
 
 
-def load(path: str) -> list[tuple[str, dict[str, Any]]]:
-    """(host name, merged host data) for every host of a pyinfra inventory file. Raises
-    InventoryError when the path is no file (missing, a directory), when the file raises when
-    run, or when it defines no hosts."""
+def load(
+    path: str, override_data: dict[str, Any] | None = None, group_data: Sequence[str] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """(host name, merged host data) for every host of a pyinfra inventory file, merged by
+    pyinfra itself: ``override_data`` (pyinfra's ``--data``, from ``data_overrides``) over the
+    host's data, over its groups' (the inventory's, ``group_data/`` and ``group_data``'s
+    directories: pyinfra's ``--group-data``). Raises InventoryError when the path is no file
+    (missing, a directory), when the file raises when run, or when it defines no hosts."""
     from pyinfra.api import Config, Inventory, State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -46,13 +51,61 @@ def load(path: str) -> list[tuple[str, dict[str, Any]]]:
     # pyinfra executes inventory files inside a state context; this state connects nothing.
     try:
         with ctx_state.use(State(Inventory(([], {})), Config())):
-            inventory = make_inventory(path, cwd=os.getcwd())
+            inventory = make_inventory(
+                path,
+                cwd=os.getcwd(),
+                override_data=dict(override_data or {}),
+                group_data_directories=list(group_data) or None,
+            )
         hosts = [(host.name, host.data.dict()) for host in inventory]
     except (Exception, SystemExit) as exc:
         raise InventoryError(path, _describe(exc, path)) from None
     if not hosts:
         raise InventoryError(path, f"it defines no hosts; {FORMAT_EXAMPLE}")
     return hosts
+
+
+def data_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """pyinfra's ``--data KEY=VALUE`` options as the host data pyinfra makes of them
+    (pyinfra_cli/cli.py, ``_set_override_data``): each split at its first ``=``, a later KEY
+    winning, and each value read by pyinfra's own parser, ``parse_cli_arg`` (true and false
+    any case: a bool; an integer: an int; else JSON when it parses, "4.5" a float, '"570"' a
+    string, '[1, 2]' a list; else the text as written). Raises ValueError naming a pair with
+    no ``=`` (pyinfra would stop on it with a traceback)."""
+    from pyinfra_cli.util import parse_cli_arg  # pyinfra's CLI: only a command that takes --data
+
+    raw: dict[str, str] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--data {pair}: not KEY=VALUE")
+        key, value = pair.split("=", 1)
+        raw[key] = value
+    return {key: parse_cli_arg(value) for key, value in raw.items()}
+
+
+def add_data_arguments(p: argparse.ArgumentParser, then: str) -> None:
+    """pyinfra's --data and --group-data on a command of gpubox that reads the inventory as
+    pyinfra will (``load``'s ``override_data`` and ``group_data``)."""
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"pyinfra's --data: a host data value over every host's own ({then})",
+    )
+    p.add_argument(
+        "--group-data",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help=f"pyinfra's --group-data: more group data files or directories ({then})",
+    )
+
+
+def data_origins(pairs: Sequence[str]) -> dict[str, str]:
+    """KEY -> the ``--data KEY=VALUE`` that set it (the last one for a KEY given twice), for
+    a problem's line to say where its value came from."""
+    return {pair.split("=", 1)[0]: f"--data {pair}" for pair in pairs if "=" in pair}
 
 
 def _check_path(path: str) -> None:
