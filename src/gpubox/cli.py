@@ -32,6 +32,7 @@ LAZY = {
     "bench": "gpubox.bench",
     "doctor": "gpubox.doctor",
     "nvlink": "gpubox.commands.nvlink",
+    "outdated": "gpubox.commands.outdated",
     "checks": "gpubox.checks",
 }
 
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv else ""
     if command in ("deploy", "verify"):  # the inventory read and reported as `check` does
         return int(_lazy(command).main(argv[1:], _load_hosts, _report))
-    if command in ("sandbox", "bench", "doctor", "nvlink"):
+    if command in ("sandbox", "bench", "doctor", "nvlink", "outdated"):
         return int(_lazy(command).main(argv[1:]))
     parser = argparse.ArgumentParser(
         prog="gpubox",
@@ -314,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="measure a served model (TTFT, TPOT, ITL, tok/s)")
     sub.add_parser("doctor", help="the whole box on one screen, and every deviation (read-only)")
     sub.add_parser("nvlink", help="watch NVLink traffic per GPU (dcgmi dmon, labelled)")
+    sub.add_parser(
+        "outdated", help="what the box's repositories offer newer in each pin's line (read-only)"
+    )
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -3,13 +3,19 @@
 A catalog pin is normally one exact version. A few are patterns in apt's own glob syntax
 ("*+cuda12.8"): the repository publishes several builds of the package, the catalog names the
 family it wants, and the repository's answer on the box decides the one exact version that is
-installed and held (``resolve``). Pure functions; nothing of gpubox is imported.
+installed and held (``resolve``). A version's release line (``line``: its epoch and the first
+numbers of its upstream version, e.g. driver branch 570 or CUDA 12.8) says which newer versions
+are the same line's (``newest_in_line``, what `gpubox outdated` lists). Pure functions; nothing
+of gpubox is imported.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping
 from fnmatch import fnmatchcase
+
+_LEADING_NUMBERS = re.compile(r"\d+(?:\.\d+)*")
 
 
 def is_pattern(pin: str) -> bool:
@@ -104,3 +110,29 @@ def resolve(
     sets = [set(offered.get(n, [])) for n in names]
     candidates = set.intersection(*sets) if sets else set()
     return newest(v for v in candidates if fnmatchcase(v, pin))
+
+
+def line(version: str, parts: int) -> tuple[int, tuple[int, ...]] | None:
+    """The release line of ``version``: its epoch and the first ``parts`` numbers of its upstream
+    version ("570.211.01-1", 1 -> (0, (570,)); "1:4.4.1-1", 1 -> (1, (4,)); "12.8.1-1", 2 ->
+    (0, (12, 8))). None when the upstream version does not start with that many numbers."""
+    epoch, upstream, _ = _split(version)
+    found = _LEADING_NUMBERS.match(upstream)
+    numbers = tuple(int(n) for n in found.group().split(".")) if found else ()
+    if len(numbers) < parts:
+        return None
+    return epoch, numbers[:parts]
+
+
+def in_line(version: str, pin: str, parts: int) -> bool:
+    """Whether ``version`` is of ``pin``'s line: a pattern pin is its own line (the versions
+    it matches); an exact one shares its epoch and first ``parts`` upstream numbers."""
+    if is_pattern(pin):
+        return fnmatchcase(version, pin)
+    mine = line(pin, parts)
+    return mine is not None and line(version, parts) == mine
+
+
+def newest_in_line(versions: Iterable[str], pin: str, parts: int) -> str | None:
+    """The highest of ``versions`` in ``pin``'s line (``in_line``); None when none is."""
+    return newest(v for v in versions if in_line(v, pin, parts))

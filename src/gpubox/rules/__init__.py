@@ -2,6 +2,7 @@
 
 - ``apt_sources``: a catalog repository's source line and its placeholders;
 - ``offers``: the repositories' query (its command and parser), the pinned sets, what they miss;
+- ``outdated``: each pin's line and what its repository offers newer in it (gpubox outdated);
 - ``nccl``: which boxes get NCCL and its pin;
 - ``desktop``: what a desktop is and what the deploy tells its owner;
 - ``driver_lifecycle``: a host's driver lifecycle note (its branch's end of life, where to move).
