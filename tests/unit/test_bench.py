@@ -232,6 +232,20 @@ def _gevent_patched() -> bool:
     return bool(monkey and monkey.is_module_patched("socket"))
 
 
+def test_no_unit_test_module_imports_pyinfra_cli_at_its_top():
+    """Test modules are imported at collection, before any test runs: one that imports
+    pyinfra_cli at its top patches the whole unit tier with gevent, and every timing test
+    here then skips (make test ran 20 of them skipped that way once)."""
+    here = Path(__file__).parent
+    found = [
+        f"{path.name}:{n}"
+        for path in sorted(here.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if line.startswith(("import pyinfra_cli", "from pyinfra_cli"))
+    ]
+    assert found == []
+
+
 @pytest.fixture
 def server() -> Iterator[SyntheticServer]:
     if _gevent_patched():

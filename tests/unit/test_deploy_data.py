@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyinfra_cli.cli import _set_override_data
 
 from gpubox import cli
 from gpubox.commands import deploying
@@ -71,6 +70,10 @@ PAIRS = [
 
 
 def test_the_values_are_pyinfras_own():
+    # imported here, not at the module's top: importing pyinfra_cli monkey-patches the whole
+    # test process with gevent, and test_bench's timings then skip (see test_bench.py)
+    from pyinfra_cli.cli import _set_override_data
+
     found = inventory.data_overrides(PAIRS)
     # pyinfra's CLI itself (pyinfra_cli/cli.py) makes its --data into this dict
     assert found == _set_override_data(PAIRS, None, None, None, None, None)
