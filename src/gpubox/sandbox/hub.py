@@ -72,11 +72,14 @@ from typing import Any
 from gpubox.sandbox.common import HUB_PORT
 from gpubox.sandbox.pypi import SimpleIndex
 from gpubox.sandbox.serve import (
+    ControlFile,
+    RequestLog,
     StderrLog,
     download_rate,
     file_arguments,
     paced_write,
     parse_range,
+    read_log,  # noqa: F401  (the tests read this server's request log through it)
     serve_until_stopped,
 )
 
@@ -282,21 +285,8 @@ def ensure_large_file(directory: Path) -> Path:
 # --------------------------------------------------------------------------- control
 
 
-class Control:
+class Control(ControlFile):
     """The test controls, from a JSON file read at each download (absent: none)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-
-    def read(self) -> dict[str, Any]:
-        if self.path is None:
-            return {}
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
 
     def take_drop(self) -> int | None:
         """The byte count after which to drop this download's connection, at most once: the
@@ -306,25 +296,8 @@ class Control:
             drop = data.pop("drop_after", None)
             if not isinstance(drop, int) or isinstance(drop, bool) or drop < 0:
                 return None
-            assert self.path is not None
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.path)
+            self._write(data)
             return drop
-
-
-class RequestLog:
-    """One JSON line per request, appended to a file (None: not kept)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-
-    def write(self, entry: dict[str, Any]) -> None:
-        if self.path is None:
-            return
-        with self._lock, open(self.path, "a") as f:
-            f.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
 class Reuploads:
@@ -367,14 +340,6 @@ def apply_reuploads(base: dict[str, HubRepo], entries: list[dict[str, str]]) -> 
             repo = repos[e["repo"]]
             repos[e["repo"]] = reupload(repo, e["file"], Path(e["path"]), e["title"], e["date"])
     return repos
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The entries of a request log (for the tests)."""
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
 
 
 # --------------------------------------------------------------------------- the handler

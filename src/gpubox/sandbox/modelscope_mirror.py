@@ -67,7 +67,6 @@ import shutil
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import uuid
@@ -78,10 +77,13 @@ from typing import Any
 
 from gpubox.sandbox.common import MODELSCOPE_PORT, SandboxError
 from gpubox.sandbox.serve import (
+    ControlFile,
+    RequestLog,
     StderrLog,
     download_rate,
     file_arguments,
     parse_range,
+    read_log,  # noqa: F401  (the tests read this server's request log through it)
     serve_until_stopped,
 )
 
@@ -215,21 +217,8 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
 # --------------------------------------------------------------------------- control, log
 
 
-class Control:
+class Control(ControlFile):
     """The test controls, from a JSON file read at each download (absent: none)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-
-    def read(self) -> dict[str, Any]:
-        if self.path is None:
-            return {}
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
 
     def take_stall(self) -> int | None:
         """The byte count after which this download stalls, while ``stalls`` is above 0
@@ -239,34 +228,9 @@ class Control:
             after, left = data.get("stall_after"), data.get("stalls", 0)
             if not isinstance(after, int) or not isinstance(left, int) or left <= 0:
                 return None
-            assert self.path is not None
             data["stalls"] = left - 1
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.path)
+            self._write(data)
             return after
-
-
-class RequestLog:
-    """One JSON line per request, appended to a file (None: not kept)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-
-    def write(self, entry: dict[str, Any]) -> None:
-        if self.path is None:
-            return
-        with self._lock, open(self.path, "a") as f:
-            f.write(json.dumps(entry, sort_keys=True) + "\n")
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The entries of a request log (for the tests)."""
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
 
 
 # --------------------------------------------------------------------------- the handler

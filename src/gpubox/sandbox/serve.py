@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import signal
@@ -149,3 +150,49 @@ def file_arguments(
             parser.error(f"--file wants {metavar}, not {spec!r}")
         files[key] = Path(path)
     return files
+
+
+class ControlFile:
+    """A stand-in server's test controls: a JSON object in a file, read at each download
+    (absent or unreadable: no controls); ``_write`` puts back what a control used up."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def read(self) -> dict[str, Any]:
+        if self.path is None:
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write(self, data: dict[str, Any]) -> None:
+        assert self.path is not None
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)
+
+
+class RequestLog:
+    """One JSON line per request, appended to a file (None: not kept)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def write(self, entry: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        with self._lock, open(self.path, "a") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """The entries of a request log (for the tests)."""
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
