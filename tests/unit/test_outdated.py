@@ -455,3 +455,22 @@ def test_nothing_behind_is_exit_0_and_a_bad_inventory_exit_2(tmp_path: Path, rep
     assert cli.main(["outdated", bad]) == reach.BAD_INPUT
     assert "gpu_count" in capsys.readouterr().err
     assert made["a"].commands[0].startswith("cat /etc/os-release")
+
+
+def test_data_over_the_inventory_asks_the_branch_a_move_would_get(
+    tmp_path: Path, repos, boxes, capsys
+):
+    """--data driver_branch=580 (pyinfra's, read as the deploy reads it): the driver row is the
+    580 line, newest in the repository's index at 580; a --data without = is exit 2."""
+    made, _ = boxes
+    made["a"] = Box(tmp_path, CONVERGED)
+    path = inventory(tmp_path, {"a": {"llamacpp_cuda": False, **repos}})
+    cli.main(["outdated", path, "--json"])
+    before = {row["component"]: row for row in json.loads(capsys.readouterr().out)}
+    assert before["driver"]["line"] == "570.x"
+    cli.main(["outdated", path, "--json", "--data", "driver_branch=580"])
+    after = {row["component"]: row for row in json.loads(capsys.readouterr().out)}
+    assert after["driver"]["line"] == "580.x", after["driver"]
+    assert after["driver"]["pinned"].startswith("580."), after["driver"]
+    assert cli.main(["outdated", path, "--data", "driver_branch"]) == reach.BAD_INPUT
+    assert "--data driver_branch: not KEY=VALUE" in capsys.readouterr().err

@@ -9,6 +9,10 @@ installed versions from dpkg-query and the OS from /etc/os-release. Nothing else
 nothing is written; the deploy's kept answers (/var/lib/gpubox/apt-offers.json) are neither
 read nor written.
 
+``--data KEY=VALUE`` and ``--group-data`` are pyinfra's, read as ``gpubox deploy`` reads them
+(gpubox.remote.inventory): ``--data driver_branch=580`` asks what a move to that branch would
+install, before the move.
+
 Exit status (gpubox.remote.reach's codes; across hosts the first of 2, 3, 1, 0): 0 when
 nothing is behind, 1 when a pin is behind, its line no longer offered or its repository
 unreadable, 2 for an unusable inventory (nothing contacted), 3 when a host cannot be reached
@@ -157,9 +161,15 @@ def main(argv: list[str], today: datetime.date | None = None) -> int:
         help="print one JSON list: an object per host and pin (host, component, package, "
         "line, pinned, installed, newest, status, detail, note)",
     )
+    inventory.add_data_arguments(parser, "e.g. --data driver_branch=580: what a move would get")
     args = parser.parse_args(argv)
     try:
-        hosts = inventory.load(args.inventory)
+        overrides = inventory.data_overrides(args.data)
+    except ValueError as exc:
+        print(f"gpubox outdated: {exc}", file=sys.stderr)
+        return reach.BAD_INPUT
+    try:
+        hosts = inventory.load(args.inventory, overrides, args.group_data)
     except inventory.InventoryError as exc:
         print(f"gpubox outdated: cannot read {args.inventory}: {exc}", file=sys.stderr)
         return reach.BAD_INPUT
