@@ -69,24 +69,31 @@ def kept_dir(version: str) -> str:
     return f"{layout.DRIVER_KEPT_DIR}/{version}"
 
 
-def keep_command(version: str, package_versions: Sequence[str]) -> str:
+def keep_command(
+    version: str,
+    package_versions: Sequence[str],
+    *,
+    base: str = layout.DRIVER_KEPT_DIR,
+    cache: str = APT_ARCHIVES,
+    pin: str = layout.DRIVER_PIN,
+) -> str:
     """Shell that keeps every installed package at one of ``package_versions`` in
     kept_dir(version) (see the module's docstring); exits 1 naming the packages it cannot keep,
-    before anything else changes. Leaves a complete directory as it is."""
-    k, dest = layout.DRIVER_KEPT_DIR, kept_dir(version)
+    before anything else changes. Leaves a complete directory as it is. (``base``, ``cache``
+    and ``pin``: the paths, for the tests.)"""
+    k, dest = base, f"{base}/{version}"
     wanted = " " + " ".join(package_versions) + " "
     awk = '$1 ~ /^.i/ && index(vs, " " $3 " ") { print $2 "\\t" $3 "\\t" $4 }'
     fmt = "${db:Status-Abbrev}\\t${Package}\\t${Version}\\t${Architecture}\\n"
     q = shlex.quote
     remedy = (
-        f"Nothing was removed or changed. To go on, put their .deb files into {APT_ARCHIVES} "
+        f"Nothing was removed or changed. To go on, put their .deb files into {cache} "
         "(apt-get download NAME=VERSION from a mirror that still has them, or rebuilt from the "
-        f"installed files: cd {APT_ARCHIVES} && dpkg-repack NAME...), then deploy again"
+        f"installed files: cd {cache} && dpkg-repack NAME...), then deploy again"
     )
     return (
         f"{KEEP_MARK} {version}\n"
-        f"k={q(k)}; v={q(version)}; dest={q(dest)}; pin={q(layout.DRIVER_PIN)}; "
-        f"cache={q(APT_ARCHIVES)}\n"
+        f"k={q(k)}; v={q(version)}; dest={q(dest)}; pin={q(pin)}; cache={q(cache)}\n"
         'if [ -f "$dest/complete" ]; then echo "driver $v: kept already in $dest"; exit 0; fi\n'
         "umask 022\n"
         'mkdir -p "$k" && chown root:root "$k" && chmod 0700 "$k" || exit 1\n'
@@ -209,14 +216,17 @@ def source_line() -> str:
     return f"deb [trusted=yes] file:{layout.DRIVER_KEPT_REPO} ./\n"
 
 
-def repo_command(version: str) -> str:
+def repo_command(
+    version: str, *, base: str = layout.DRIVER_KEPT_DIR, repo: str = layout.DRIVER_KEPT_REPO
+) -> str:
     """Shell: check the kept build of ``version`` against its SHA256SUMS (exit 1 naming each
     file that does not match, nothing changed), then make layout.DRIVER_KEPT_REPO of it (hard
-    links, a copy across file systems; renamed into place)."""
+    links, a copy across file systems; renamed into place). (``base``, ``repo``: for the
+    tests.)"""
     q = shlex.quote
     return (
         f"{REPO_MARK} {version}\n"
-        f"src={q(kept_dir(version))}; r={q(layout.DRIVER_KEPT_REPO)}; v={q(version)}\n"
+        f"src={q(f'{base}/{version}')}; r={q(repo)}; v={q(version)}\n"
         'cd "$src" || { echo "gpubox: driver $v is not kept in $src" >&2; exit 1; }\n'
         "out=$(sha256sum -c SHA256SUMS 2>&1); rc=$?\n"
         "bad=$(printf \"%s\\n\" \"$out\" | grep -v ': OK$' | grep -v '^sha256sum: WARNING' "
