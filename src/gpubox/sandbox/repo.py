@@ -12,8 +12,9 @@ stand-in with the same shape: a flat repository (``deb [signed-by=KEYRING] URL /
 Label "NVIDIA CUDA", signed by a throwaway key published as a *binary* keyring
 ``cuda-archive-keyring.gpg`` (as NVIDIA publishes theirs).
 
-It carries NVIDIA's Debian driver packages at two driver versions side by side, the R570 the
-deploy pins and a newer R580 the pin must resist, plus the ``cuda-drivers`` trap and two CUDA
+It carries NVIDIA's Debian driver packages at three driver versions side by side, the R570 the
+deploy pins, the catalog's R580 the pin must resist and a newer R580 build whose version is
+invented for the tests (repo_driver.NEWER_580), plus the ``cuda-drivers`` trap and two CUDA
 toolkits (12.8, and 13.0 as a second temptation). The driver packages are derived from
 Debian 12's real packages of the same names (debian_real.py fetches them once): their control
 fields, maintainer scripts, conffiles, alternatives and users are Debian's, re-versioned;
