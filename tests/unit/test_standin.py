@@ -1669,8 +1669,10 @@ def test_the_repository_serves_each_build_whole_and_cuda_drivers_follows_the_new
     assert repo_driver.NEWER_580 not in Path(catalog.__file__).with_name("catalog.yml").read_text()
     builds = repo_driver.served_builds(built["cat"])
     assert [b.version for b in builds] == ["570.211.01", "580.105.08", "580.900.01"]
-    names = {b.package_version: {d.name for d in built["debs"] if d.version == b.package_version}
-             for b in builds}
+    names = {
+        b.package_version: {d.name for d in built["debs"] if d.version == b.package_version}
+        for b in builds
+    }
     assert names["580.900.01-1"] == names["580.105.08-1"] == names["570.211.01-1"]
     dkms = built["repo"] / "nvidia-kernel-dkms_580.900.01-1_amd64.deb"
     makefile = deb_member(dkms, "./usr/src/nvidia-current-580.900.01/Makefile")

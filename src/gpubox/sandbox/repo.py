@@ -50,6 +50,12 @@ cannot reach:
 Single byte ranges are answered (206), as GitHub's and Hugging Face's servers do, so a resumed
 download works against it.
 
+``withdraw(VERSION)`` and ``restore()`` (repo_index.py; ``gpubox sandbox repo withdraw|restore``)
+make the CUDA repository stop and start offering a driver build, as NVIDIA's repository drops
+old builds: its indexes are rewritten and signed again, and a box sees the change at its next
+``apt-get update``. The server serves no path with a component that begins with a dot (the
+root's ``.withdraw/`` keeps the throwaway signing key that needs).
+
 The server binds 127.0.0.1 inside the box's network namespace, and exits when the box's
 supervisor process is gone (or on SIGTERM), so it never outlives the box.
 """
@@ -67,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.sandbox.repo_build import ensure_repo, repo_facts
+from gpubox.sandbox.repo_index import restore, served_builds, withdraw, withdrawn
 from gpubox.sandbox.serve import (
     StderrLog,
     download_rate,
@@ -113,8 +120,13 @@ class _Handler(StderrLog, http.server.SimpleHTTPRequestHandler):
         return super().translate_path(path)
 
     def send_head(self) -> Any:
-        """Single byte ranges (``Range: bytes=N-``, ``N-M``, ``-N``), as GitHub's and Hugging
-        Face's servers answer them, so that a resumed download (curl -C -) works here too."""
+        """No dot paths (the root's .withdraw/ is not published). Single byte ranges
+        (``Range: bytes=N-``, ``N-M``, ``-N``), as GitHub's and Hugging Face's servers answer
+        them, so that a resumed download (curl -C -) works here too."""
+        url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        if any(part.startswith(".") for part in url_path.split("/")):
+            self.send_error(404, "File not found")
+            return None
         path = self.translate_path(self.path)
         if not os.path.isfile(path):
             return super().send_head()
@@ -187,6 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     files = file_arguments(parser, args.file, "URL_PATH=FILE")
     return serve(args.root, args.bind, args.port, watch, files)
 
+
+__all__ = [
+    "ensure_repo",
+    "main",
+    "repo_facts",
+    "restore",
+    "serve",
+    "served_builds",
+    "withdraw",
+    "withdrawn",
+]
 
 if __name__ == "__main__":
     sys.exit(main())
