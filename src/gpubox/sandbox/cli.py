@@ -181,7 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     fault.add_argument("name", choices=[*faults.FAULTS, "clear"])
     fault.add_argument("--gpu", type=int, help="the GPU's position in the state (0, 1)")
     fault.add_argument("--link", type=int, help="the NVLink port of that GPU")
-    fault.add_argument("--version", help="runfile-driver: the runfile's driver version")
+    fault.add_argument(
+        "--version",
+        help="runfile-driver: the runfile's driver version; module-refuses: the driver version "
+        "whose nvidia module the kernel refuses (required)",
+    )
     mok = sub.add_parser(
         "mok-screen",
         help="answer the next boot's MOK screen (enroll with the import password, or time out)",
