@@ -8,6 +8,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import operation
+from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files, server
 
 from gpubox.base import layout
@@ -17,7 +18,6 @@ from gpubox.infra.progress import StreamingCommand
 from gpubox.plans import driver_move
 from gpubox.plans.driver import DriverPlan
 from gpubox.plans.driver_move import KeptState
-from gpubox.preflight.driver_replacement import InstalledDriverBuilds
 
 
 @operation(is_idempotent=False)
@@ -29,9 +29,11 @@ def keep_driver(version: str, package_versions: list[str]):
 
 
 def installed_at_pin(plan: DriverPlan) -> bool:
-    """Whether every root of the plan is installed at the pinned version."""
-    installed = host.get_fact(InstalledDriverBuilds) or {}
-    return all(installed.get(name, ("", ""))[0] == plan.package_version for name in plan.install)
+    """Whether every root of the plan is installed at the pinned version (dpkg's whole list,
+    as preflight's kept answers read it: a root's source package need not be a driver
+    build's, NVIDIA's nvidia-driver-cuda)."""
+    installed = host.get_fact(DebPackages) or {}
+    return all(plan.package_version in installed.get(name, ()) for name in plan.install)
 
 
 def kept_source(config: HostConfig, kept: KeptState, install: bool) -> Any:
