@@ -34,9 +34,12 @@ from gpubox.infra.operations import ManagedFiles
 from gpubox.knowledge import reads, secure_boot
 from gpubox.ops import units
 from gpubox.ops.apt_repo import nvidia_repo
+from gpubox.ops.driver_kept import installed_at_pin, keep_driver, kept_source
 from gpubox.ops.packages import install_pinned
+from gpubox.parsers.secure_boot import MokState
 from gpubox.plans import driver as driver_plan
-from gpubox.preflight import answers, driver_replacement
+from gpubox.plans import driver_move
+from gpubox.preflight import answers, driver_kept, driver_replacement
 from gpubox.preflight import gate as preflight
 from gpubox.rules import desktop
 from gpubox.stages import current_config
@@ -58,17 +61,48 @@ LEGACY_CHECK = (
 def driver() -> None:
     config = current_config()
     target = preflight.run(config)
-    secure_boot_gate(config, target)
+    mok = secure_boot_gate(config, target)
     display = preflight.desktop_report(config)  # a desktop's owner hears it before any change
-    runfile.uninstall(config)  # runfile_driver: uninstall, before the stage's own changes
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
-    # by preflight), never a list written in advance.
+    # by preflight), never a list written in advance; with the box's kept build of that
+    # version counted as offered (preflight merged it: the way back).
     p = driver_plan.plan(config, target, answers.answer("nvidia_cuda").offers)
-    # Another driver installed (Ubuntu's, Debian's, an older build): say what goes, first.
-    driver_replacement.warn_before_install(config, target, p)
+    loaded = read_once(LoadedDriver)
+    nouveau_loaded = read_once(KernelModuleLoaded, module="nouveau")
+    reason = desktop.reboot_reason(config.driver_version, loaded, nouveau_loaded)
+    users = display.users_at_the_display
+    reboot = driver_move.reboot_action(
+        reason,
+        config.allow_reboot,
+        issubclass(host.connector_cls, LocalConnector),
+        bool(users),
+        config.allow_desktop_reboot,
+    )
+    # Another driver build installed (Ubuntu's, Debian's, an older or newer one): say the move
+    # and what goes, first.
+    old = driver_replacement.warn_before_install(
+        config,
+        target,
+        p,
+        reboot=reboot,
+        who=desktop.who(users),
+        secure_boot_key=(mok.key, mok.certificate) if mok else None,
+    )
     # The kernels' headers and modules, decided here (facts read before any change) so that a
     # running kernel whose headers the archive dropped is said before the first change.
     headers = kernel_headers_plan(config)
+    kept = driver_kept.kept(config)
+    # The first change: the build the move replaces, kept on the box (a way back without the
+    # repository); nothing when it is kept already.
+    for version, package_versions in old.items():
+        if version not in kept.versions:
+            keep_driver(
+                name=f"Keep driver {version}'s packages before replacing it "
+                f"({driver_move.kept_dir(version)})",
+                version=version,
+                package_versions=package_versions,
+            )
+    runfile.uninstall(config)  # runfile_driver: uninstall, before the stage's own changes
 
     managed = ManagedFiles(
         {
@@ -83,7 +117,8 @@ def driver() -> None:
     )
     pin = managed.put("Pin the NVIDIA driver to one exact version", layout.DRIVER_PIN)
     managed.put("Keep unattended-upgrades off the pinned driver", layout.UNATTENDED_BLACKLIST)
-    nvidia_repo(config, target, also_changed=[pin])
+    source = kept_source(config, kept, install=bool(old) or not installed_at_pin(p))
+    nvidia_repo(config, target, also_changed=[pin] + ([source] if source else []))
 
     if headers.packages:
         apt.packages(
@@ -143,38 +178,33 @@ def driver() -> None:
     wanted = managed.put("Start nvidia-persistenced at boot", layout.PERSISTENCED_WANTED)
     units.reload_units(dropin, wanted)
 
-    loaded = read_once(LoadedDriver)
-    nouveau_loaded = read_once(KernelModuleLoaded, module="nouveau")
-    reason = desktop.reboot_reason(config.driver_version, loaded, nouveau_loaded)
-    if reason:
-        users = display.users_at_the_display
-        if not config.allow_reboot:
-            operations.fail(
-                name="Stop: a reboot is needed",
-                message=f"{host.name}: a reboot is needed ({reason}) and allow_reboot is false: "
-                "reboot the box, then run the deploy again",
-            )
-            raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), allow_reboot")
-        elif issubclass(host.connector_cls, LocalConnector):
-            # pyinfra runs on the box itself: a reboot would end this run, the owner reboots.
-            operations.fail(
-                name="Stop before the reboot: the deploy runs on this box (@local)",
-                message=desktop.local_stop_message(host.name, reason),
-            )
-            raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), @local")
-        elif users and not config.allow_desktop_reboot:
-            # Someone is at the display: the driver is installed, the reboot is theirs to time.
-            operations.fail(
-                name="Stop before the reboot: a user is logged in to a graphical session",
-                message=desktop.stop_message(host.name, reason, users),
-            )
-            raise HostStopped(f"{host.name}: stopped before the reboot ({reason})")
-        else:
-            operations.reboot_and_wait(
-                name=f"Reboot to load the driver ({reason})",
-                reason=reason,
-                timeout=config.reboot_timeout,
-            )
+    if reboot == "stop-allow-reboot":
+        operations.fail(
+            name="Stop: a reboot is needed",
+            message=f"{host.name}: a reboot is needed ({reason}) and allow_reboot is false: "
+            "reboot the box, then run the deploy again",
+        )
+        raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), allow_reboot")
+    elif reboot == "stop-local" and reason:
+        # pyinfra runs on the box itself: a reboot would end this run, the owner reboots.
+        operations.fail(
+            name="Stop before the reboot: the deploy runs on this box (@local)",
+            message=desktop.local_stop_message(host.name, reason),
+        )
+        raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), @local")
+    elif reboot == "stop-desktop" and reason:
+        # Someone is at the display: the driver is installed, the reboot is theirs to time.
+        operations.fail(
+            name="Stop before the reboot: a user is logged in to a graphical session",
+            message=desktop.stop_message(host.name, reason, users),
+        )
+        raise HostStopped(f"{host.name}: stopped before the reboot ({reason})")
+    elif reboot == "reboot" and reason:
+        operations.reboot_and_wait(
+            name=f"Reboot to load the driver ({reason})",
+            reason=reason,
+            timeout=config.reboot_timeout,
+        )
 
     # its unit is static (no [Install]): boot pulls it in through the wanted drop-in
     units.keep_running(layout.PERSISTENCED, "nvidia-persistenced", dropin, enabled=None)
@@ -220,19 +250,20 @@ def kernel_headers_plan(config: HostConfig) -> kernels.HeadersPlan:
     return plan
 
 
-def secure_boot_gate(config: HostConfig, target: Target) -> None:
+def secure_boot_gate(config: HostConfig, target: Target) -> MokState | None:
     """With Secure Boot on, the module DKMS builds must be signed by an enrolled key
     (gpubox.knowledge.secure_boot): go on, refuse, or create the key if missing and stop before the
-    driver with the enrollment steps (HostStopped: the operations so far run, then the stop)."""
+    driver with the enrollment steps (HostStopped: the operations so far run, then the stop).
+    Returns the key's state when Secure Boot is on and the stage goes on, else None."""
     enabled = read_once(SecureBoot)
     if not enabled:
-        return
-    state = host.get_fact(MokKey, family=target.family)
+        return None
+    state: MokState = read_once(MokKey, family=target.family)
     decision = secure_boot.gate(host.name, target.family, enabled, state, config.driver_version)
     for warning in decision.warnings:
         logger.warning(f"preflight warning: {warning}")
     if decision.action == "go":
-        return
+        return state
     text = "\n".join(decision.lines)
     if decision.action == "refuse":
         preflight.refuse(f"preflight failed, nothing was changed:\n  - {config.host}: {text}")
