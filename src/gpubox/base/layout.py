@@ -27,6 +27,7 @@ DPKG_LOCK_CONF = "/etc/apt/apt.conf.d/50gpubox-dpkg-lock"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpubox-blacklist-nouveau.conf"
 SYS_MODULE = "/sys/module"  # a directory per loaded kernel module
 NVIDIA_MODULE_VERSION = f"{SYS_MODULE}/nvidia/version"
+DRIVER_KEPT_DIR = "/var/lib/gpubox/driver-kept"
 
 # --- CUDA
 USR_LOCAL_CUDA = "/usr/local/cuda"

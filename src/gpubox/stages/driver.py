@@ -18,10 +18,11 @@ from gpubox.base import kernels, layout
 from gpubox.base.errors import HostStopped
 from gpubox.base.rendering import FILES, render
 from gpubox.config import HostConfig, Target
-from gpubox.infra import operations, runfile
+from gpubox.infra import driver_rollback, operations, runfile
 from gpubox.infra.host_facts import (
     CommandOutput,
     HeadersOffered,
+    KeptDriver,
     KernelMetas,
     KernelModuleLoaded,
     KernelModules,
@@ -36,9 +37,11 @@ from gpubox.ops import units
 from gpubox.ops.apt_repo import nvidia_repo
 from gpubox.ops.packages import install_pinned
 from gpubox.plans import driver as driver_plan
+from gpubox.plans import driver_rollback as rollback_plan
 from gpubox.preflight import answers, driver_replacement
 from gpubox.preflight import gate as preflight
 from gpubox.rules import desktop
+from gpubox.rules import driver_rollback as moves
 from gpubox.stages import current_config
 
 # The paths under the names the plan tests use.
@@ -175,6 +178,8 @@ def driver() -> None:
                 reason=reason,
                 timeout=config.reboot_timeout,
             )
+            # a move from a loaded driver: its checks now, the way back if they fail
+            verify_after_move(config, loaded, p)
 
     # its unit is static (no [Install]): boot pulls it in through the wanted drop-in
     units.keep_running(layout.PERSISTENCED, "nvidia-persistenced", dropin, enabled=None)
@@ -256,3 +261,56 @@ def secure_boot_gate(config: HostConfig, target: Target) -> None:
         message=text,
     )
     raise HostStopped(f"{host.name}: Secure Boot: enroll DKMS's signing key first")
+
+
+def verify_after_move(config: HostConfig, loaded: str | None, p: driver_plan.DriverPlan) -> None:
+    """After the reboot of a move from loaded driver ``loaded`` to the pinned one: the driver
+    checks against the box's state before the move (read now, before any change), and the
+    automatic rollback to ``loaded``'s kept packages when they fail (key driver_rollback;
+    gpubox.infra.driver_rollback). Its reboot is allowed where the move's was: it is planned
+    only after the move's own reboot."""
+    new = config.driver_version
+    if not loaded or loaded == "mismatch" or loaded == new:
+        return  # a first install, or a reboot that is no move: nothing to go back to
+    before = moves.state_before(
+        loaded,
+        read_once(CommandOutput, command=reads.GPU_QUERY.command_for()),
+        read_once(CommandOutput, command=reads.NVLINK_STATUS.command_for()),
+    )
+    kept_dir = f"{layout.DRIVER_KEPT_DIR}/{loaded}"
+    kept_pin = read_once(KeptDriver, version=loaded)
+    back = (
+        f'To go back, set "driver_branch" to {loaded.split(".")[0]} (or "driver_version" to '
+        f'"{loaded}") in the inventory and deploy again'
+    )
+    script = None
+    if not config.driver_rollback:
+        where = f"its kept packages are in {kept_dir}" if kept_pin else "no kept packages"
+        no_rollback = (
+            f"driver_rollback is false: the box stays on {new}, failing; {loaded} was the "
+            f"driver before ({where}). {back}"
+        )
+    elif kept_pin is None:
+        logger.warning(
+            f"{host.name}: the driver moves from {loaded} to {new}, and no kept packages of "
+            f"{loaded} ({kept_dir}/complete is missing): no automatic rollback is possible if "
+            f"{new} fails its checks after the reboot"
+        )
+        no_rollback = (
+            f"No rollback was possible: no kept packages of {loaded} in {kept_dir}. {back}"
+        )
+    else:
+        script = rollback_plan.script(
+            loaded, p.package_version, rollback_plan.blacklist_for_pin(kept_pin)
+        )
+        no_rollback = ""
+    driver_rollback.verify_driver_move(
+        name=f"Check driver {new} after the reboot"
+        + (f", back to {loaded} if it fails (driver_rollback)" if script else ""),
+        old=loaded,
+        new=new,
+        before=before,
+        rollback=script,
+        no_rollback=no_rollback,
+        timeout=config.reboot_timeout,
+    )

@@ -1,0 +1,115 @@
+"""The box-side rollback of a driver move (issue 30 C, key ``driver_rollback``): back to the
+driver build kept in layout.DRIVER_KEPT_DIR/VERSION (its layout: docs/deploy.md#the-kept-driver).
+
+One shell script, run as root after the move's reboot found the new driver failing: it checks
+the kept directory (complete, every .deb's sha256), puts back the old pin file (the kept
+``apt-preferences``) and unattended-upgrades blacklist (as the stage renders it for that pin),
+installs exactly the kept ``installed`` list from the kept directory alone (apt reads no other
+source, so no repository is needed), removes the new build's packages the old one did not
+have, and holds the old ones. dkms builds the old module for every kernel with headers in the
+packages' own postinst. The reboot and the checks after it are the operation's
+(gpubox.infra.driver_rollback).
+
+Pure: text in, text out.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from gpubox.base import layout
+from gpubox.base.rendering import render
+from gpubox.parsers.apt import parse_stanzas
+
+# The temporary apt source's list, named after the kept directory's path (apt's URItoFileName:
+# "/" becomes "_"), removed after the install so that no later apt run sees it.
+LIST_GLOB = "*gpubox_driver-kept_*"
+
+
+def blacklist_for_pin(pin: str) -> str:
+    """The unattended-upgrades blacklist the driver stage renders beside pin file ``pin``
+    (gpubox.plans.driver.plan: its pinned packages, then the other flavour's refused ones)."""
+    stanzas = parse_stanzas(pin)
+    if not stanzas or "Package" not in stanzas[0]:
+        raise ValueError("not a gpubox driver pin file: no Package stanza")
+    pinned = stanzas[0]["Package"].split()
+    refused: list[str] = []
+    for stanza in stanzas[1:]:
+        names = (stanza.get("Package") or "").split()
+        if stanza.get("Pin") == "version *" and names != pinned:
+            refused = names
+            break
+    return render("unattended-upgrades-blacklist.j2", packages=pinned + refused)
+
+
+def script(
+    old: str,
+    new_package_version: str,
+    blacklist: str,
+    kept_root: str = layout.DRIVER_KEPT_DIR,
+    pin_path: str = layout.DRIVER_PIN,
+    blacklist_path: str = layout.UNATTENDED_BLACKLIST,
+    lists_dir: str = "/var/lib/apt/lists",
+) -> str:
+    """The rollback to kept driver ``old``, from the new build at ``new_package_version``
+    (its packages at that version that ``old`` did not have are removed). On a failure it
+    prints, on stderr, the step that failed, what failed on the new driver (shell variable
+    ``why``, set before the script) and what to do, and exits non-zero."""
+    q = shlex.quote
+    kept = f"{kept_root}/{old}"
+    stop = (
+        f"gpubox: the rollback to driver {old} FAILED at: %s (exit %s). The box is NOT back on "
+        f"{old}, and the new driver failed its checks (%s). Nothing was rebooted. Look at the "
+        f"output above, fix the cause, then install the packages {kept}/installed names (apt "
+        f"source: deb [trusted=yes] file:{kept} ./) by hand, or set the driver key back to "
+        f"{old} and deploy again.\\n"
+    )
+    apt = (
+        'apt-get -q -o Dir::Etc::SourceList="$src" -o Dir::Etc::SourceParts="$parts" '
+        "-o DPkg::Lock::Timeout=600"
+    )
+    lines = [
+        "set -eu",
+        'why="${why:-the new driver failed its checks}"',
+        f"d={q(kept)}",
+        'step="finding the kept packages ($d/complete)"',
+        'src=""; parts=""',
+        "finish() { rc=$?; set +e; "
+        '[ -z "$src" ] || rm -f "$src"; [ -z "$parts" ] || rmdir "$parts" 2>/dev/null; '
+        f"rm -f {q(lists_dir)}/{LIST_GLOB}; "
+        f'if [ "$rc" -ne 0 ]; then printf {q(stop)} "$step" "$rc" "$why" >&2; fi; '
+        'exit "$rc"; }',
+        "trap finish EXIT",
+        'test -f "$d/complete"',
+        'step="checking the kept packages against $d/SHA256SUMS"',
+        'for f in "$d"/*.deb; do grep -q " ${f##*/}$" "$d/SHA256SUMS" '
+        '|| { echo "gpubox: $f is not in SHA256SUMS" >&2; exit 1; }; done',
+        '(cd "$d" && sha256sum --strict --quiet -c SHA256SUMS)',
+        'step="reading the kept package list ($d/installed)"',
+        "keep=$(cut -d= -f1 \"$d/installed\" | tr '\\n' ' ')",
+        '[ -n "$keep" ]',
+        'step="reading the kept packages as an apt source (deb [trusted=yes] file:$d ./)"',
+        'src=$(mktemp); parts=$(mktemp -d); echo "deb [trusted=yes] file:$d ./" > "$src"',
+        f"{apt} -o APT::Get::List-Cleanup=false update",
+        'step="finding the new build\'s packages"',
+        "gone=''",
+        "for name in $(dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' "
+        f"| awk -v v={q(new_package_version)} '$1 ~ /^[ih]i$/ && $3 == v {{print $2}}'); do",
+        '  case " $keep " in *" $name "*) ;; *) gone="$gone $name";; esac',
+        "done",
+        'if [ -n "$gone" ]; then apt-mark unhold $gone; fi',
+        f'step="restoring the pin file {pin_path}"',
+        f'install -m 0644 "$d/apt-preferences" {q(pin_path)}',
+        f'step="restoring the unattended-upgrades blacklist {blacklist_path}"',
+        f"printf '%s' {q(blacklist)} > {q(blacklist_path)}.gpubox-new",
+        f"chmod 0644 {q(blacklist_path)}.gpubox-new",
+        f"mv {q(blacklist_path)}.gpubox-new {q(blacklist_path)}",
+        f'step="installing driver {old} from the kept packages"',
+        f"DEBIAN_FRONTEND=noninteractive {apt} install -y --no-install-recommends "
+        "--allow-downgrades --allow-change-held-packages "
+        "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
+        '$(cat "$d/installed") $(for n in $gone; do printf \'%s- \' "$n"; done)',
+        f'step="holding driver {old}\'s packages"',
+        "apt-mark hold $keep",
+    ]
+    return "\n".join(lines) + "\n"
