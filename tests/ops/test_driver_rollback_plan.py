@@ -8,16 +8,17 @@ import logging
 
 import pytest
 from conftest import REFERENCE, fake_host, fresh_box, make_plan
+from test_driver_move_plan import INSTALLED, KEPT, PV570, SIMULATION, dpkg, kept_answer
 
 from gpubox.base import layout
 from gpubox.config import load_host_config, target_for
 from gpubox.plans import driver as driver_plan
+from gpubox.plans import driver_move
 from gpubox.plans import driver_rollback as rollback_plan
 from gpubox.rules import driver_rollback as judge
 from gpubox.stages import driver as driver_stage
 
 MOVE = {**REFERENCE, "driver_branch": "580"}
-KEPT = f"{layout.DRIVER_KEPT_DIR}/570.211.01/complete"  # a substring of the KeptDriver fact
 CHECK = "Check driver 580.105.08 after the reboot"
 QUERY = [
     f"{i}, Tesla V100-SXM2-32GB, GPU-{i}, 00000000:0{5 + i}:00.0, 570.211.01, Enabled, 0, "
@@ -31,26 +32,33 @@ NVLINK = [
     + [f"\t Link {n}: 25.781 GB/s" for n in range(2)]
     + [f"\t Link {n}: <inactive>" for n in range(2, 6)]
 ]
+KEPT_PIN = f"cat {layout.DRIVER_KEPT_DIR}/570.211.01/apt-preferences"
+PIN_NOW = f"cat {layout.DRIVER_PIN}"
 
 
 def pin_570(os_name: str) -> str:
-    """The 570 pin file a deploy wrote, as the kept directory holds it (apt-preferences)."""
+    """The 570 pin file a deploy wrote (the kept directory's apt-preferences is a copy)."""
     from test_driver_plan import plan_for
 
     return plan_for(os_name).pin
 
 
-def moving_box(os_name: str = "debian12", kept: bool = True, **more: object) -> dict:
-    """A box converged at 570 (loaded), its GPUs and links read by the stage; ``kept``: 570's
-    kept directory is complete."""
-    answers = {
+def moving_box(os_name: str = "debian12", kept: str | None = "now", **more: object) -> dict:
+    """A box converged at 570 (loaded), its GPUs and links read by the stage. ``kept``: "now"
+    (the installed 570 build is kept by this run first: gpubox.plans.driver_move), "already"
+    (complete from an earlier move), None (not kept, and no other build installed to keep)."""
+    answers: dict[object, object] = {
         "cat /sys/module/nvidia/version": "570.211.01",
         "nvidia-smi --query-gpu=index,name": QUERY,
         "nvidia-smi nvlink -s": NVLINK,
-        **more,
+        KEPT_PIN: pin_570(os_name).splitlines(),
+        PIN_NOW: pin_570(os_name).splitlines(),
     }
     if kept:
-        answers[KEPT] = ["complete", *pin_570(os_name).splitlines()]
+        answers.update({INSTALLED: dpkg(PV570), SIMULATION: []})
+    if kept == "already":
+        answers[KEPT] = kept_answer("570.211.01")
+    answers.update(more)
     return fresh_box(os_name, **answers)
 
 
@@ -59,9 +67,11 @@ def check_op(plan) -> tuple[str, list[str]]:
     return found
 
 
-@pytest.mark.parametrize("os_name", ["debian12", "ubuntu2404"])
-def test_a_move_checks_the_new_driver_right_after_its_reboot_and_can_go_back(os_name: str):
-    plan = make_plan(driver_stage.driver, MOVE, moving_box(os_name))
+@pytest.mark.parametrize(("os_name", "kept"), [("debian12", "now"), ("ubuntu2404", "already")])
+def test_a_move_checks_the_new_driver_right_after_its_reboot_and_can_go_back(
+    os_name: str, kept: str
+):
+    plan = make_plan(driver_stage.driver, MOVE, moving_box(os_name, kept))
     name, commands = check_op(plan)
     assert name.endswith(f"{CHECK}, back to 570.211.01 if it fails (driver_rollback)")
     reboot = next(i for i, n in enumerate(plan.names) if "Reboot to load the driver" in n)
@@ -75,6 +85,7 @@ def test_a_move_checks_the_new_driver_right_after_its_reboot_and_can_go_back(os_
     new_pv = config.driver_packages(family).package_version
     assert f"awk -v v={new_pv} " in script
     assert f"d={layout.DRIVER_KEPT_DIR}/570.211.01\n" in script
+    assert driver_move.repo_command("570.211.01") in script
     assert rollback_plan.blacklist_for_pin(pin_570(os_name)) in script
     assert commands[2].startswith("FunctionCommand(_boot_id,")
     assert "systemctl reboot" in commands[3]
@@ -115,16 +126,16 @@ def test_no_check_on_a_converged_redeploy_or_a_first_install(plan_of):
 
 def test_without_kept_packages_the_check_has_no_rollback_and_the_warning_says_so(plan_of, caplog):
     with caplog.at_level(logging.WARNING, logger="pyinfra"):
-        plan = plan_of(driver_stage.driver, MOVE, moving_box(kept=False))
+        plan = plan_of(driver_stage.driver, MOVE, moving_box(kept=None))
     name, commands = check_op(plan)
     assert name.endswith(CHECK)
     assert [c.split("(")[0] for c in commands] == ["FunctionCommand", "FunctionCommand"]
     assert commands[1].startswith("FunctionCommand(_fail,")
     assert not [c for c in commands if "apt-get" in c or "systemctl reboot" in c]
     assert (
-        "@fake/box: the driver moves from 570.211.01 to 580.105.08, and no kept packages of "
-        f"570.211.01 ({layout.DRIVER_KEPT_DIR}/570.211.01/complete is missing): no automatic "
-        "rollback is possible if 580.105.08 fails its checks after the reboot"
+        "@fake/box: the driver moves from 570.211.01 to 580.105.08, and 570.211.01 is not kept "
+        f"({layout.DRIVER_KEPT_DIR}/570.211.01): no automatic rollback is possible if 580.105.08 "
+        "fails its checks after the reboot"
     ) in caplog.text
 
 

@@ -65,8 +65,27 @@ def test_the_reference_desktop_hears_everything_before_the_first_change():
     assert "stops before the reboot (allow_desktop_reboot is false)" in text
     assert "installing the pinned driver removes 15 packages" in text
     assert "nvidia-driver-580" in text
-    # Secure Boot with the key enrolled says nothing and stops nothing
-    assert "Secure Boot" not in text
+    # issue 30 B: the move, the old build kept first, the reboot as the desktop's consent rules
+    # decide it, and under Secure Boot (enrolled) the key that signs the new modules
+    assert (
+        "@fake/box: the driver moves from 580.178.04 (580.178.04-0ubuntu0.24.04.1) to "
+        "570.211.01 (570.211.01-0ubuntu1)" in text
+    )
+    assert "driver 580.178.04's installed packages are kept in /var/lib/gpubox/driver-kept/" in (
+        text
+    )
+    assert (
+        "a reboot follows the install, to load driver 570.211.01: owner (wayland on seat0, "
+        "active) is logged in to the display and allow_desktop_reboot is false, so the deploy "
+        "stops after the install" in text
+    )
+    assert (
+        "Secure Boot is on: DKMS signs driver 570.211.01's modules, for every installed kernel, "
+        "with the enrolled key /var/lib/shim-signed/mok/MOK.priv (certificate "
+        "/var/lib/shim-signed/mok/MOK.der)" in text
+    )
+    # the key is enrolled: nothing stops for it
+    assert "Stop: enroll" not in " ".join(names) and "mokutil --import" not in text
     # then: the HWE headers, the driver, and the stop before the reboot, no reboot
     assert any("Install NVIDIA driver" in n for n in names)
     assert "Stop before the reboot" in names[-1]

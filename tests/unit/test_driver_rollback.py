@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import REFERENCE
 
+from gpubox.base import layout
 from gpubox.config import load_host_config, target_for
 from gpubox.knowledge import reads
 from gpubox.parsers import SECTION
@@ -165,7 +166,12 @@ def kept_dir(root: Path, debs: dict[str, bytes]) -> Path:
     return d
 
 
-def run_script(tmp_path: Path, dpkg: str, **changes: str) -> subprocess.CompletedProcess[str]:
+BLACKLIST = 'Unattended-Upgrade::Package-Blacklist {\n    "^nvidia-driver-cuda$";\n};\n'
+
+
+def run_script(
+    tmp_path: Path, dpkg: str, blacklist: str | None = BLACKLIST
+) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for tool in ("apt-get", "apt-mark"):
@@ -175,20 +181,18 @@ def run_script(tmp_path: Path, dpkg: str, **changes: str) -> subprocess.Complete
         tool.chmod(0o755)
     (tmp_path / "status").write_text(dpkg)
     (tmp_path / "etc").mkdir(exist_ok=True)
-    (tmp_path / "lists").mkdir(exist_ok=True)
-    (tmp_path / "lists" / "_tmp_driver-kept_570.211.01_._Packages").write_text("")
-    (tmp_path / "lists" / "x_gpubox_driver-kept_570.211.01_._Packages").write_text("")
-    pin, blacklist = tmp_path / "etc" / "pin", tmp_path / "etc" / "blacklist"
+    pin, listed = tmp_path / "etc" / "pin", tmp_path / "etc" / "blacklist"
     pin.write_text("the new pin\n")
-    blacklist.write_text("the new blacklist\n")
+    listed.write_text("the new blacklist\n")
     text = rollback_plan.script(
         "570.211.01",
         NEW_PV,
-        'Unattended-Upgrade::Package-Blacklist {\n    "^nvidia-driver-cuda$";\n};\n',
+        blacklist,
         kept_root=str(tmp_path / "driver-kept"),
+        repo=str(tmp_path / "driver-kept-repo"),
+        source=str(tmp_path / "etc" / "kept.list"),
         pin_path=str(pin),
-        blacklist_path=str(blacklist),
-        lists_dir=str(tmp_path / "lists"),
+        blacklist_path=str(listed),
     )
     env = {
         **os.environ,
@@ -202,7 +206,6 @@ def run_script(tmp_path: Path, dpkg: str, **changes: str) -> subprocess.Complete
         capture_output=True,
         text=True,
         timeout=30,
-        **changes,  # type: ignore[call-overload]
     )
 
 
@@ -243,9 +246,16 @@ def test_the_rollback_restores_the_pin_and_installs_exactly_the_kept_list(tmp_pa
         "firmware-nvidia-gsp-580-",
     ]
     assert hold == "apt-mark hold nvidia-driver-cuda nvidia-kernel-dkms libcuda1"
-    # the kept source's list is gone (and no other list was touched)
-    assert sorted(p.name for p in (tmp_path / "lists").iterdir()) == [
-        "_tmp_driver-kept_570.211.01_._Packages"
+    # apt read the kept build alone, served as the way back serves it (driver_move)
+    source = tmp_path / "etc" / "kept.list"
+    assert f"-o Dir::Etc::SourceList={source} " in install
+    repo = tmp_path / "driver-kept-repo"
+    assert source.read_text() == f"deb [trusted=yes] file:{layout.DRIVER_KEPT_REPO} ./\n"
+    assert sorted(p.name for p in repo.iterdir()) == [
+        "Packages",
+        "SHA256SUMS",
+        "a_570_amd64.deb",
+        "b_570_amd64.deb",
     ]
 
 
@@ -256,6 +266,7 @@ def test_a_tampered_package_stops_the_rollback_before_any_change_saying_so(tmp_p
     assert done.returncode != 0
     assert (tmp_path / "etc" / "pin").read_text() == "the new pin\n"
     assert not (tmp_path / "log").exists()
+    assert "does not match its SHA256SUMS: a_570_amd64.deb: FAILED" in done.stderr
     assert "the rollback to driver 570.211.01 FAILED at: checking the kept packages against" in (
         done.stderr
     )
@@ -263,13 +274,22 @@ def test_a_tampered_package_stops_the_rollback_before_any_change_saying_so(tmp_p
     assert "Nothing was rebooted" in done.stderr
 
 
-def test_an_incomplete_or_unlisted_kept_dir_is_refused(tmp_path: Path):
+def test_an_incomplete_kept_dir_is_refused(tmp_path: Path):
     d = kept_dir(tmp_path, {"a_570_amd64.deb": b"a"})
-    (d / "extra_570_amd64.deb").write_bytes(b"x")  # a .deb SHA256SUMS does not vouch for
-    done = run_script(tmp_path, AFTER_MOVE)
-    assert done.returncode != 0 and "extra_570_amd64.deb is not in SHA256SUMS" in done.stderr
-    (d / "extra_570_amd64.deb").unlink()
     (d / "complete").unlink()
     done = run_script(tmp_path, AFTER_MOVE)
     assert done.returncode != 0 and "FAILED at: finding the kept packages" in done.stderr
     assert (tmp_path / "etc" / "pin").read_text() == "the new pin\n"
+    assert not (tmp_path / "log").exists()
+
+
+def test_a_kept_build_without_a_pin_file_goes_back_without_one(tmp_path: Path):
+    """A build that was not gpubox's (Ubuntu's own driver, replaced by the move) had no pin
+    file: the rollback removes the new one, and the blacklist."""
+    d = kept_dir(tmp_path, {"a_570_amd64.deb": b"a"})
+    (d / "apt-preferences").write_text("")
+    assert rollback_plan.blacklist_for_pin("") is None
+    done = run_script(tmp_path, AFTER_MOVE, blacklist=None)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "etc" / "pin").exists()
+    assert not (tmp_path / "etc" / "blacklist").exists()

@@ -14,6 +14,13 @@ APT_QUERY_DIR = f"{CACHE_DIR}/apt-query"
 # the repositories' last answers (gpubox.rules.offers): root-only, asked again only when needed
 KEPT_OFFERS = f"{STATE_DIR}/apt-offers.json"
 VLLM_CACHE_DIR = f"{CACHE_DIR}/vllm"
+# a driver build's packages, kept before a move replaces it (gpubox.plans.driver_move): root-only
+DRIVER_KEPT_DIR = f"{STATE_DIR}/driver-kept"
+# the pinned driver's kept packages as a flat apt repository apt's sandbox user can read (hard
+# links of the kept files: apt-get update reads a file: source as _apt, and DRIVER_KEPT_DIR is
+# 0700), and its source file
+DRIVER_KEPT_REPO = f"{STATE_DIR}/driver-kept-repo"
+DRIVER_KEPT_SOURCE = "/etc/apt/sources.list.d/gpubox-driver-kept.list"
 
 # --- apt: pins, holds' companions, unattended-upgrades, dpkg's lock
 APT_PREFERENCES = "/etc/apt/preferences.d"
@@ -27,7 +34,6 @@ DPKG_LOCK_CONF = "/etc/apt/apt.conf.d/50gpubox-dpkg-lock"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/gpubox-blacklist-nouveau.conf"
 SYS_MODULE = "/sys/module"  # a directory per loaded kernel module
 NVIDIA_MODULE_VERSION = f"{SYS_MODULE}/nvidia/version"
-DRIVER_KEPT_DIR = "/var/lib/gpubox/driver-kept"
 
 # --- CUDA
 USR_LOCAL_CUDA = "/usr/local/cuda"

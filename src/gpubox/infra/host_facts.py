@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 from pyinfra.api import FactBase
 
-from gpubox.base import kernels, layout
+from gpubox.base import kernels
 from gpubox.infra import readahead
 from gpubox.knowledge import reads
 from gpubox.parsers.secure_boot import MokState
@@ -117,20 +117,6 @@ class LoadedDriver(ReadFact[str | None]):
 
     def command(self) -> str:
         return self.read.command_for()
-
-
-class KeptDriver(FactBase[str | None]):
-    """A kept driver build (layout.DRIVER_KEPT_DIR/VERSION, docs/deploy.md): the pin file kept
-    with it (apt-preferences) when its directory is complete, else None."""
-
-    def command(self, version: str) -> str:
-        d = shlex.quote(f"{layout.DRIVER_KEPT_DIR}/{version}")
-        return f"if [ -f {d}/complete ]; then echo complete; cat {d}/apt-preferences; fi; true"
-
-    def process(self, output: list[str]) -> str | None:
-        if not output or output[0].strip() != "complete":
-            return None
-        return "".join(line + "\n" for line in output[1:])
 
 
 class KernelModuleLoaded(ReadFact[bool]):

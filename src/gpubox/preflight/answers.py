@@ -35,6 +35,8 @@ from gpubox.config import HostConfig, Target
 from gpubox.infra.host_facts import read_once
 from gpubox.knowledge import apt_versions
 from gpubox.plans import driver as driver_plan
+from gpubox.plans import driver_move
+from gpubox.preflight import driver_kept
 from gpubox.rules.apt_sources import source_line
 from gpubox.rules.offers import (
     PinnedSet,
@@ -184,11 +186,17 @@ def reasons_to_ask(
     asked: Sequence[Question],
     kept: Kept,
     installed: Mapping[str, Sequence[str]],
+    kept_driver: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, str | None]:
-    """Pure: per repository, why it must be asked (None: its kept answer changes nothing)."""
+    """Pure: per repository, why it must be asked (None: its kept answer changes nothing).
+    ``kept_driver``: what the box's kept build of the pinned driver offers
+    (gpubox.plans.driver_move), counted with NVIDIA's repository's answer."""
     reasons: dict[str, str | None] = {}
     for question in asked:
         entry = kept.answers.get(question.repo)
+        if entry is not None and question.repo == "nvidia_cuda" and kept_driver:
+            offers = driver_move.merge_offers(entry["offers"], kept_driver)
+            entry = {**entry, "offers": offers}
         reasons[question.repo] = _reason(
             config, target, sets, question, kept, entry, installed, driver_plan
         )
@@ -267,7 +275,10 @@ def ask(
     sets = pinned_sets(config, target, docker_engine)
     asked = questions(config, target, sets)
     kept = read_once(KeptOffers)  # preflight read it with its other facts (prefetch)
-    reasons = reasons_to_ask(config, target, sets, asked, kept, host.get_fact(DebPackages))
+    kept_driver = driver_kept.kept_offers(config, target)
+    reasons = reasons_to_ask(
+        config, target, sets, asked, kept, host.get_fact(DebPackages), kept_driver
+    )
     indexes: dict[str, RepoIndex] = {}
     for question in asked:
         reason = reasons[question.repo]
@@ -283,8 +294,15 @@ def ask(
             packages=question.packages,
             at_version=question.at_version,
         )
-    _answers.setdefault(host.state, {})[host.name] = indexes
     _kept.setdefault(host.state, {})[host.name] = to_keep(kept, asked, indexes)
+    cuda = indexes.get("nvidia_cuda")
+    if kept_driver and cuda is not None and cuda.error is None:
+        # the kept build of the pinned driver counts as offered (the way back, when NVIDIA's
+        # repository dropped it); never written into the kept answers
+        indexes["nvidia_cuda"] = RepoIndex(
+            offers=driver_move.merge_offers(cuda.offers, kept_driver), warnings=cuda.warnings
+        )
+    _answers.setdefault(host.state, {})[host.name] = indexes
     return sets, indexes
 
 

@@ -36,7 +36,9 @@ from pyinfra.api import FactBase
 
 from gpubox.base import layout
 from gpubox.config import HostConfig, Target
+from gpubox.plans import driver_move
 from gpubox.plans.driver import DriverPlan
+from gpubox.preflight import driver_kept
 from gpubox.rules import offers
 from gpubox.rules.apt_sources import source_line
 
@@ -119,11 +121,14 @@ def simulate_command(
     status: str = "/var/lib/dpkg/status",
     etc: str = "/etc/apt",
     skip_source: str = "",
+    kept: str = "",
 ) -> str:
     """Shell that prints ``apt-get -s install --no-install-recommends --allow-downgrades
     INSTALL`` as apt answers it in a private root (see the module's docstring); always exits 0,
     an ``E:`` line says what went wrong. ``install``: ``name=version`` words. ``skip_source``:
-    a host source file left out (gpubox's own NVIDIA source, which the added line replaces)."""
+    a host source file left out (gpubox's own NVIDIA source, which the added line replaces).
+    ``kept``: a kept driver build's directory (gpubox.plans.driver_move) whose Packages index
+    apt sees as the kept repository's, as the stage will serve it (the way back)."""
     d = f"{base}/driver-replacement"
     q = f"{base}/nvidia_cuda"
     opts = " ".join(
@@ -161,10 +166,23 @@ def simulate_command(
         f'printf "%s\\n" {shlex.quote(offers.trusted_source_line(source_line))} '
         '> "$d/parts/zz-gpubox-nvidia.list"\n'
         f'printf "%s" {shlex.quote(pin_text)} > "$d/prefs/90-gpubox-nvidia-driver"\n'
-        f"LC_ALL=C apt-get -s -q {opts} install --no-install-recommends --allow-downgrades "
+        + (_kept_lines(kept) if kept else "")
+        + f"LC_ALL=C apt-get -s -q {opts} install --no-install-recommends --allow-downgrades "
         f"{words} 2>&1\n"
         'rc=$?; [ $rc -eq 0 ] || echo "E: apt-get -s exited with status $rc"\n'
         "exit 0"
+    )
+
+
+def _kept_lines(kept: str) -> str:
+    """The simulation's kept repository: its source line and its index, as apt-get update
+    would list it (the file name apt gives a flat ``file:`` repository's Packages)."""
+    line = driver_move.source_line().strip()
+    listed = layout.DRIVER_KEPT_REPO.replace("/", "_") + "_._Packages"
+    return (
+        f'printf "%s\\n" {shlex.quote(line)} > "$d/parts/zz-gpubox-driver-kept.list"\n'
+        f'cp {shlex.quote(kept)}/Packages "$d/lists/{listed}" || '
+        f'{{ echo "E: cannot read {kept}/Packages"; exit 0; }}\n'
     )
 
 
@@ -186,9 +204,14 @@ class DriverReplacement(FactBase[Simulation]):
     """apt's simulation of the driver install in a private root (``simulate_command``)."""
 
     def command(  # type: ignore[override]
-        self, source_line: str, pin_text: str, install: tuple[str, ...], skip_source: str = ""
+        self,
+        source_line: str,
+        pin_text: str,
+        install: tuple[str, ...],
+        skip_source: str = "",
+        kept: str = "",
     ) -> str:
-        return simulate_command(source_line, pin_text, install, skip_source=skip_source)
+        return simulate_command(source_line, pin_text, install, skip_source=skip_source, kept=kept)
 
     def process(self, output: list[str]) -> Simulation:
         return parse_simulation(output)
@@ -229,21 +252,49 @@ def report(
     return lines
 
 
-def warn_before_install(config: HostConfig, target: Target, plan: DriverPlan) -> None:
-    """Preflight for the driver stage: when another driver is installed, log what installing
-    the pinned one removes (apt's simulation), before any operation is added. A simulation
-    that fails is a warning naming why, never a refusal."""
+def warn_before_install(
+    config: HostConfig,
+    target: Target,
+    plan: DriverPlan,
+    *,
+    reboot: str | None = None,
+    who: str = "",
+    secure_boot_key: tuple[str, str] | None = None,
+) -> dict[str, list[str]]:
+    """Preflight for the driver stage: when another driver build is installed, log the move
+    (from and to, the old build kept first, the reboot as ``reboot`` says:
+    gpubox.plans.driver_move.reboot_action; under Secure Boot the key that signs the new
+    modules) and what installing the pinned one removes (apt's simulation), before any
+    operation is added. A simulation that fails is a warning naming why, never a refusal.
+    Returns the builds the move replaces (gpubox.plans.driver_move.old_builds; {}: none)."""
     installed = host.get_fact(InstalledDriverBuilds) or {}
-    if not installed_distro_driver(installed, plan.package_version):
-        return
+    names = installed_distro_driver(installed, plan.package_version)
+    if not names:
+        return {}
+    old = driver_move.old_builds(installed, names)
+    kept = driver_kept.kept(config)
     simulation = host.get_fact(
         DriverReplacement,
         source_line=source_line(config, "nvidia_cuda", target),
         pin_text=plan.pin,
         install=tuple(f"{name}={plan.package_version}" for name in plan.install),
         skip_source=config.catalog["repos"]["nvidia_cuda"]["source_file"],
+        kept=driver_move.kept_dir(config.driver_version)
+        if config.driver_version in kept.versions
+        else "",
     )
     if simulation is None:  # no output at all
         simulation = Simulation(error="apt printed nothing")
-    for line in report(config.host, simulation, installed):
+    lines = driver_move.move_lines(
+        config.host,
+        old,
+        config.driver_version,
+        plan.package_version,
+        kept=kept.versions,
+        reboot=reboot,
+        who=who,
+        secure_boot_key=secure_boot_key,
+    )
+    for line in lines[:1] + report(config.host, simulation, installed) + lines[1:]:
         logger.warning(f"preflight: {line}")
+    return old

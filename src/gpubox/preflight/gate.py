@@ -33,6 +33,7 @@ from gpubox.infra.runfile import RunfileDriver
 from gpubox.plans import driver as driver_plan
 from gpubox.preflight import answers, dpkg_ready
 from gpubox.preflight.answers import KeptOffers
+from gpubox.preflight.driver_kept import KeptDrivers
 from gpubox.rules import desktop, offers
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller
@@ -153,6 +154,7 @@ def run(config: HostConfig) -> Target:
         *((f, {}) for f in (OsRelease, NvidiaPciDevices, UserId, RunfileDriver, DockerEngine)),
         *((f, {}) for f in (KeptOffers, SecureBoot, DesktopState, LoadedDriver)),
         (KernelModuleLoaded, {"module": "nouveau"}),
+        (KeptDrivers, {"version": config.driver_version}),
         *([(UserGroups, users)] if config.docker_users else []),
     )
     os_release = read_once(OsRelease)

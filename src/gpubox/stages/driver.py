@@ -22,7 +22,6 @@ from gpubox.infra import driver_rollback, operations, runfile
 from gpubox.infra.host_facts import (
     CommandOutput,
     HeadersOffered,
-    KeptDriver,
     KernelMetas,
     KernelModuleLoaded,
     KernelModules,
@@ -35,10 +34,13 @@ from gpubox.infra.operations import ManagedFiles
 from gpubox.knowledge import reads, secure_boot
 from gpubox.ops import units
 from gpubox.ops.apt_repo import nvidia_repo
+from gpubox.ops.driver_kept import installed_at_pin, keep_driver, kept_source
 from gpubox.ops.packages import install_pinned
+from gpubox.parsers.secure_boot import MokState
 from gpubox.plans import driver as driver_plan
+from gpubox.plans import driver_move
 from gpubox.plans import driver_rollback as rollback_plan
-from gpubox.preflight import answers, driver_replacement
+from gpubox.preflight import answers, driver_kept, driver_replacement
 from gpubox.preflight import gate as preflight
 from gpubox.rules import desktop
 from gpubox.rules import driver_rollback as moves
@@ -61,17 +63,48 @@ LEGACY_CHECK = (
 def driver() -> None:
     config = current_config()
     target = preflight.run(config)
-    secure_boot_gate(config, target)
+    mok = secure_boot_gate(config, target)
     display = preflight.desktop_report(config)  # a desktop's owner hears it before any change
-    runfile.uninstall(config)  # runfile_driver: uninstall, before the stage's own changes
     # The driver's packages are what NVIDIA's repository offers at the pinned version (asked
-    # by preflight), never a list written in advance.
+    # by preflight), never a list written in advance; with the box's kept build of that
+    # version counted as offered (preflight merged it: the way back).
     p = driver_plan.plan(config, target, answers.answer("nvidia_cuda").offers)
-    # Another driver installed (Ubuntu's, Debian's, an older build): say what goes, first.
-    driver_replacement.warn_before_install(config, target, p)
+    loaded = read_once(LoadedDriver)
+    nouveau_loaded = read_once(KernelModuleLoaded, module="nouveau")
+    reason = desktop.reboot_reason(config.driver_version, loaded, nouveau_loaded)
+    users = display.users_at_the_display
+    reboot = driver_move.reboot_action(
+        reason,
+        config.allow_reboot,
+        issubclass(host.connector_cls, LocalConnector),
+        bool(users),
+        config.allow_desktop_reboot,
+    )
+    # Another driver build installed (Ubuntu's, Debian's, an older or newer one): say the move
+    # and what goes, first.
+    old = driver_replacement.warn_before_install(
+        config,
+        target,
+        p,
+        reboot=reboot,
+        who=desktop.who(users),
+        secure_boot_key=(mok.key, mok.certificate) if mok else None,
+    )
     # The kernels' headers and modules, decided here (facts read before any change) so that a
     # running kernel whose headers the archive dropped is said before the first change.
     headers = kernel_headers_plan(config)
+    kept = driver_kept.kept(config)
+    # The first change: the build the move replaces, kept on the box (a way back without the
+    # repository); nothing when it is kept already.
+    for version, package_versions in old.items():
+        if version not in kept.versions:
+            keep_driver(
+                name=f"Keep driver {version}'s packages before replacing it "
+                f"({driver_move.kept_dir(version)})",
+                version=version,
+                package_versions=package_versions,
+            )
+    runfile.uninstall(config)  # runfile_driver: uninstall, before the stage's own changes
 
     managed = ManagedFiles(
         {
@@ -86,7 +119,8 @@ def driver() -> None:
     )
     pin = managed.put("Pin the NVIDIA driver to one exact version", layout.DRIVER_PIN)
     managed.put("Keep unattended-upgrades off the pinned driver", layout.UNATTENDED_BLACKLIST)
-    nvidia_repo(config, target, also_changed=[pin])
+    source = kept_source(config, kept, install=bool(old) or not installed_at_pin(p))
+    nvidia_repo(config, target, also_changed=[pin] + ([source] if source else []))
 
     if headers.packages:
         apt.packages(
@@ -146,40 +180,35 @@ def driver() -> None:
     wanted = managed.put("Start nvidia-persistenced at boot", layout.PERSISTENCED_WANTED)
     units.reload_units(dropin, wanted)
 
-    loaded = read_once(LoadedDriver)
-    nouveau_loaded = read_once(KernelModuleLoaded, module="nouveau")
-    reason = desktop.reboot_reason(config.driver_version, loaded, nouveau_loaded)
-    if reason:
-        users = display.users_at_the_display
-        if not config.allow_reboot:
-            operations.fail(
-                name="Stop: a reboot is needed",
-                message=f"{host.name}: a reboot is needed ({reason}) and allow_reboot is false: "
-                "reboot the box, then run the deploy again",
-            )
-            raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), allow_reboot")
-        elif issubclass(host.connector_cls, LocalConnector):
-            # pyinfra runs on the box itself: a reboot would end this run, the owner reboots.
-            operations.fail(
-                name="Stop before the reboot: the deploy runs on this box (@local)",
-                message=desktop.local_stop_message(host.name, reason),
-            )
-            raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), @local")
-        elif users and not config.allow_desktop_reboot:
-            # Someone is at the display: the driver is installed, the reboot is theirs to time.
-            operations.fail(
-                name="Stop before the reboot: a user is logged in to a graphical session",
-                message=desktop.stop_message(host.name, reason, users),
-            )
-            raise HostStopped(f"{host.name}: stopped before the reboot ({reason})")
-        else:
-            operations.reboot_and_wait(
-                name=f"Reboot to load the driver ({reason})",
-                reason=reason,
-                timeout=config.reboot_timeout,
-            )
-            # a move from a loaded driver: its checks now, the way back if they fail
-            verify_after_move(config, loaded, p)
+    if reboot == "stop-allow-reboot":
+        operations.fail(
+            name="Stop: a reboot is needed",
+            message=f"{host.name}: a reboot is needed ({reason}) and allow_reboot is false: "
+            "reboot the box, then run the deploy again",
+        )
+        raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), allow_reboot")
+    elif reboot == "stop-local" and reason:
+        # pyinfra runs on the box itself: a reboot would end this run, the owner reboots.
+        operations.fail(
+            name="Stop before the reboot: the deploy runs on this box (@local)",
+            message=desktop.local_stop_message(host.name, reason),
+        )
+        raise HostStopped(f"{host.name}: stopped before the reboot ({reason}), @local")
+    elif reboot == "stop-desktop" and reason:
+        # Someone is at the display: the driver is installed, the reboot is theirs to time.
+        operations.fail(
+            name="Stop before the reboot: a user is logged in to a graphical session",
+            message=desktop.stop_message(host.name, reason, users),
+        )
+        raise HostStopped(f"{host.name}: stopped before the reboot ({reason})")
+    elif reboot == "reboot" and reason:
+        operations.reboot_and_wait(
+            name=f"Reboot to load the driver ({reason})",
+            reason=reason,
+            timeout=config.reboot_timeout,
+        )
+        # a move from a loaded driver: its checks now, the way back if they fail
+        verify_after_move(config, loaded, p, old, kept)
 
     # its unit is static (no [Install]): boot pulls it in through the wanted drop-in
     units.keep_running(layout.PERSISTENCED, "nvidia-persistenced", dropin, enabled=None)
@@ -225,19 +254,20 @@ def kernel_headers_plan(config: HostConfig) -> kernels.HeadersPlan:
     return plan
 
 
-def secure_boot_gate(config: HostConfig, target: Target) -> None:
+def secure_boot_gate(config: HostConfig, target: Target) -> MokState | None:
     """With Secure Boot on, the module DKMS builds must be signed by an enrolled key
     (gpubox.knowledge.secure_boot): go on, refuse, or create the key if missing and stop before the
-    driver with the enrollment steps (HostStopped: the operations so far run, then the stop)."""
+    driver with the enrollment steps (HostStopped: the operations so far run, then the stop).
+    Returns the key's state when Secure Boot is on and the stage goes on, else None."""
     enabled = read_once(SecureBoot)
     if not enabled:
-        return
-    state = host.get_fact(MokKey, family=target.family)
+        return None
+    state: MokState = read_once(MokKey, family=target.family)
     decision = secure_boot.gate(host.name, target.family, enabled, state, config.driver_version)
     for warning in decision.warnings:
         logger.warning(f"preflight warning: {warning}")
     if decision.action == "go":
-        return
+        return state
     text = "\n".join(decision.lines)
     if decision.action == "refuse":
         preflight.refuse(f"preflight failed, nothing was changed:\n  - {config.host}: {text}")
@@ -263,12 +293,19 @@ def secure_boot_gate(config: HostConfig, target: Target) -> None:
     raise HostStopped(f"{host.name}: Secure Boot: enroll DKMS's signing key first")
 
 
-def verify_after_move(config: HostConfig, loaded: str | None, p: driver_plan.DriverPlan) -> None:
+def verify_after_move(
+    config: HostConfig,
+    loaded: str | None,
+    p: driver_plan.DriverPlan,
+    old: dict[str, list[str]],
+    kept: driver_move.KeptState,
+) -> None:
     """After the reboot of a move from loaded driver ``loaded`` to the pinned one: the driver
     checks against the box's state before the move (read now, before any change), and the
     automatic rollback to ``loaded``'s kept packages when they fail (key driver_rollback;
-    gpubox.infra.driver_rollback). Its reboot is allowed where the move's was: it is planned
-    only after the move's own reboot."""
+    gpubox.infra.driver_rollback). ``loaded`` is kept when it is already (``kept``) or when
+    this run keeps it first (``old``: the builds the move replaces). Its reboot is allowed
+    where the move's was: it is planned only after the move's own reboot."""
     new = config.driver_version
     if not loaded or loaded == "mismatch" or loaded == new:
         return  # a first install, or a reboot that is no move: nothing to go back to
@@ -277,32 +314,31 @@ def verify_after_move(config: HostConfig, loaded: str | None, p: driver_plan.Dri
         read_once(CommandOutput, command=reads.GPU_QUERY.command_for()),
         read_once(CommandOutput, command=reads.NVLINK_STATUS.command_for()),
     )
-    kept_dir = f"{layout.DRIVER_KEPT_DIR}/{loaded}"
-    kept_pin = read_once(KeptDriver, version=loaded)
+    kept_dir = driver_move.kept_dir(loaded)
     back = (
         f'To go back, set "driver_branch" to {loaded.split(".")[0]} (or "driver_version" to '
         f'"{loaded}") in the inventory and deploy again'
     )
     script = None
+    is_kept = loaded in kept.versions or loaded in old
     if not config.driver_rollback:
-        where = f"its kept packages are in {kept_dir}" if kept_pin else "no kept packages"
+        where = f"its packages are kept in {kept_dir}" if is_kept else "not kept"
         no_rollback = (
-            f"driver_rollback is false: the box stays on {new}, failing; {loaded} was the "
-            f"driver before ({where}). {back}"
+            f"driver_rollback is false: the box stays on {new}, failing; {loaded}, the driver "
+            f"before, is {where}. {back}"
         )
-    elif kept_pin is None:
+    elif not is_kept:
         logger.warning(
-            f"{host.name}: the driver moves from {loaded} to {new}, and no kept packages of "
-            f"{loaded} ({kept_dir}/complete is missing): no automatic rollback is possible if "
-            f"{new} fails its checks after the reboot"
+            f"{host.name}: the driver moves from {loaded} to {new}, and {loaded} is not kept "
+            f"({kept_dir}): no automatic rollback is possible if {new} fails its checks after "
+            "the reboot"
         )
-        no_rollback = (
-            f"No rollback was possible: no kept packages of {loaded} in {kept_dir}. {back}"
-        )
+        no_rollback = f"No rollback was possible: driver {loaded} is not kept in {kept_dir}. {back}"
     else:
-        script = rollback_plan.script(
-            loaded, p.package_version, rollback_plan.blacklist_for_pin(kept_pin)
-        )
+        # the pin file kept with it: the kept one, or the one on the box that this run keeps
+        pin = f"{kept_dir}/apt-preferences" if loaded in kept.versions else layout.DRIVER_PIN
+        blacklist = rollback_plan.blacklist_for_pin(read_once(CommandOutput, command=f"cat {pin}"))
+        script = rollback_plan.script(loaded, p.package_version, blacklist)
         no_rollback = ""
     driver_rollback.verify_driver_move(
         name=f"Check driver {new} after the reboot"
