@@ -53,6 +53,8 @@ def moving_box(os_name: str = "debian12", kept: str | None = "now", **more: obje
         "nvidia-smi nvlink -s": NVLINK,
         KEPT_PIN: pin_570(os_name).splitlines(),
         PIN_NOW: pin_570(os_name).splitlines(),
+        "apt-mark showhold": ["nvidia-driver-cuda", "nvidia-kernel-dkms"],
+        "apt-mark showauto": ["libcuda1", "zlib1g"],
     }
     if kept:
         answers.update({INSTALLED: dpkg(PV570), SIMULATION: []})
@@ -86,6 +88,9 @@ def test_a_move_checks_the_new_driver_right_after_its_reboot_and_can_go_back(
     assert f"awk -v v={new_pv} " in script
     assert f"d={layout.DRIVER_KEPT_DIR}/570.211.01\n" in script
     assert driver_move.repo_command("570.211.01") in script
+    # the holds and auto marks before the move, for the kept packages among them
+    assert "for n in nvidia-driver-cuda nvidia-kernel-dkms; do " in script
+    assert "for n in libcuda1 zlib1g; do " in script
     assert rollback_plan.blacklist_for_pin(pin_570(os_name)) in script
     assert commands[2].startswith("FunctionCommand(_boot_id,")
     assert "systemctl reboot" in commands[3]

@@ -170,7 +170,7 @@ BLACKLIST = 'Unattended-Upgrade::Package-Blacklist {\n    "^nvidia-driver-cuda$"
 
 
 def run_script(
-    tmp_path: Path, dpkg: str, blacklist: str | None = BLACKLIST
+    tmp_path: Path, dpkg: str, blacklist: str | None = BLACKLIST, **marks: list[str]
 ) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -193,6 +193,7 @@ def run_script(
         source=str(tmp_path / "etc" / "kept.list"),
         pin_path=str(pin),
         blacklist_path=str(listed),
+        **marks,  # type: ignore[arg-type]
     )
     env = {
         **os.environ,
@@ -293,3 +294,21 @@ def test_a_kept_build_without_a_pin_file_goes_back_without_one(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "etc" / "pin").exists()
     assert not (tmp_path / "etc" / "blacklist").exists()
+
+
+def test_the_holds_and_auto_marks_before_the_move_come_back_with_the_kept_packages(
+    tmp_path: Path,
+):
+    kept_dir(tmp_path, {"a_570_amd64.deb": b"a"})
+    done = run_script(
+        tmp_path,
+        AFTER_MOVE,
+        held=["nvidia-kernel-dkms", "nvidia-driver-cuda", "docker-ce"],
+        auto=["libcuda1", "zlib1g"],
+    )
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert log[-2:] == [
+        "apt-mark hold nvidia-driver-cuda nvidia-kernel-dkms",
+        "apt-mark auto libcuda1",
+    ]

@@ -17,6 +17,7 @@ Pure: text in, text out.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 
 from gpubox.base import layout
 from gpubox.base.rendering import render
@@ -41,6 +42,17 @@ def blacklist_for_pin(pin: str) -> str | None:
     return render("unattended-upgrades-blacklist.j2", packages=pinned + refused)
 
 
+def _among_kept(command: str, names: list[str]) -> str:
+    """Shell: ``command`` on those of ``names`` that are kept packages ($keep)."""
+    if not names:
+        return "true"
+    return (
+        f"these=''; for n in {' '.join(shlex.quote(n) for n in names)}; do "
+        'case " $keep " in *" $n "*) these="$these $n";; esac; done; '
+        f'if [ -n "$these" ]; then {command} $these; fi'
+    )
+
+
 def script(
     old: str,
     new_package_version: str,
@@ -50,6 +62,8 @@ def script(
     source: str = layout.DRIVER_KEPT_SOURCE,
     pin_path: str = layout.DRIVER_PIN,
     blacklist_path: str = layout.UNATTENDED_BLACKLIST,
+    held: Iterable[str] | None = None,
+    auto: Iterable[str] = (),
 ) -> str:
     """The rollback to kept driver ``old``, from the new build at ``new_package_version``
     (its packages at that version that ``old`` did not have are removed). ``blacklist``: the
@@ -58,7 +72,11 @@ def script(
     way back serves it (gpubox.plans.driver_move.repo_command and source_line: the state a
     deploy pinned to ``old`` leaves), and apt reads that source alone. On a failure it prints,
     on stderr, the step that failed, what failed on the new driver (shell variable ``why``, set
-    before the script) and what to do, and exits non-zero. (The paths: for the tests.)"""
+    before the script) and what to do, and exits non-zero.
+
+    ``held`` and ``auto``: the packages apt held, and marked installed automatically, before
+    the move (the box's own marks come back for the kept packages among them); ``held`` None:
+    every kept package is held. (The paths: for the tests.)"""
     q = shlex.quote
     kept = f"{kept_root}/{old}"
     stop = (
@@ -87,6 +105,9 @@ def script(
             f"mv {q(blacklist_path)}.gpubox-new {q(blacklist_path)}",
         ]
     serve = driver_move.repo_command(old, base=kept_root, repo=repo)
+    # every kept package, or those of them held before (as the stage held them)
+    hold = "apt-mark hold $keep" if held is None else _among_kept("apt-mark hold", sorted(held))
+    marks = [_among_kept("apt-mark auto", sorted(auto))] if auto else []
     lines = [
         "set -eu",
         'why="${why:-the new driver failed its checks}"',
@@ -123,6 +144,7 @@ def script(
         "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
         '$(cat "$d/installed") $(for n in $gone; do printf \'%s- \' "$n"; done)',
         f'step="holding driver {old}\'s packages"',
-        "apt-mark hold $keep",
+        hold,
+        *marks,
     ]
     return "\n".join(lines) + "\n"

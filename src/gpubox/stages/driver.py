@@ -22,6 +22,7 @@ from gpubox.infra import driver_rollback, operations, runfile
 from gpubox.infra.host_facts import (
     CommandOutput,
     HeadersOffered,
+    HeldPackages,
     KernelMetas,
     KernelModuleLoaded,
     KernelModules,
@@ -338,7 +339,11 @@ def verify_after_move(
         # the pin file kept with it: the kept one, or the one on the box that this run keeps
         pin = f"{kept_dir}/apt-preferences" if loaded in kept.versions else layout.DRIVER_PIN
         blacklist = rollback_plan.blacklist_for_pin(read_once(CommandOutput, command=f"cat {pin}"))
-        script = rollback_plan.script(loaded, p.package_version, blacklist)
+        # apt's marks before the move come back with the kept packages
+        auto = read_once(CommandOutput, command="apt-mark showauto").split()
+        script = rollback_plan.script(
+            loaded, p.package_version, blacklist, held=read_once(HeldPackages), auto=auto
+        )
         no_rollback = ""
     driver_rollback.verify_driver_move(
         name=f"Check driver {new} after the reboot"
