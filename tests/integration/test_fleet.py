@@ -115,6 +115,111 @@ def test_a_fault_on_one_box_is_reported_for_that_box_only():
     assert {"backend.service", "backend.health"} <= set(checks.by_host["gpubox-sandbox-3"])
 
 
+# Issue 30 B: a move driven by the key, under Secure Boot, to a patch release, and back without
+# the repository; each with a real reboot, on box 1: the reference box, and the box every
+# sandbox command (fault, repo, ssh) and the canary test after these take by default. The box
+# is moved by an inventory of its own (inventories/sandbox.py's box 1, the key set on top:
+# boxes 2 and 3 are not touched), and ends at 570, serving, Secure Boot and faults cleared.
+MOVE_INVENTORY = """import runpy
+
+_sandbox = runpy.run_path("{root}/inventories/sandbox.py")
+hosts = [
+    (name, {{**data, **{values!r}}}) for name, data in _sandbox["hosts"] if name == "gpubox-sandbox"
+]
+"""
+KEPT = "/var/lib/gpubox/driver-kept"
+
+
+def move(tmp_path, values: dict) -> str:
+    """Deploy box 1 with ``values`` on top of its data (a real deploy: every stage, the
+    reboot, the final checks), then the host checks, then a second deploy that must change
+    nothing; print the times. Returns the inventory's path (the checks of this state)."""
+    inventory = tmp_path / f"move-{'-'.join(str(v) for v in values.values())}.py"
+    inventory.write_text(MOVE_INVENTORY.format(root=demo.ROOT, values=values))
+    boot_before = box_sh("cat /proc/sys/kernel/random/boot_id")
+    run = demo.deploy(inventory=str(inventory))
+    assert run.rc == 0 and not run.failed_hosts, run.output[-4000:]
+    assert box_sh("cat /proc/sys/kernel/random/boot_id") != boot_before  # one real reboot
+    assert len([n for n in run.changed_names if "Reboot to load the driver" in n]) == 1
+    boot = box_sh("systemd-analyze 2>/dev/null | head -n 1 || true").strip()
+    start = time.monotonic()
+    checks = demo.checks(inventory=str(inventory))
+    checked = time.monotonic() - start
+    assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+    again = demo.deploy(inventory=str(inventory))
+    assert again.no_change, again.changed_names
+    print(
+        f"\nmove to {values}: deploy with the reboot {run.seconds:.1f} s (boot: {boot}), host "
+        f"checks {checked:.1f} s ({checks.passed} passed), second deploy {again.seconds:.1f} s "
+        "(changed 0)"
+    )
+    assert "the driver moves from" in run.output
+    return str(inventory)
+
+
+def loaded_module() -> dict[str, str]:
+    module = box_sh("modinfo -F filename nvidia-current").strip()
+    return {
+        "version": box_sh("cat /sys/module/nvidia/version").strip(),
+        "taint": box_sh("cat /sys/module/nvidia/taint").strip(),
+        "sig_key": box_sh(f"modinfo -F sig_key {module}").strip(),
+        "persistence": box_sh(
+            "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader"
+        ).split(),
+    }
+
+
+def test_a_move_to_580_under_secure_boot_keeps_570_and_signs_the_new_modules(tmp_path):
+    from gpubox import sandbox
+
+    sandbox.plant_fault("secure-boot-enrolled")
+    try:
+        move(tmp_path, {"driver_branch": "580"})
+        seen = loaded_module()
+        serial = box_sh("openssl x509 -inform DER -in /var/lib/dkms/mok.pub -noout -serial")
+        assert seen["version"] == "580.105.08"
+        assert seen["sig_key"].replace(":", "").lstrip("0") == serial.strip().split("=")[1].lstrip(
+            "0"
+        )
+        assert "E" not in seen["taint"], seen  # the kernel verified it (no E taint)
+        assert seen["persistence"] == ["Enabled", "Enabled"]
+        assert box_sh(f"stat -c '%a %U' {KEPT} {KEPT}/570.211.01").split() == [
+            "700",
+            "root",
+            "700",
+            "root",
+        ]
+        box_sh(f"cd {KEPT}/570.211.01 && sha256sum -c --quiet SHA256SUMS && test -f complete")
+        assert "nvidia-driver-cuda=570.211.01-1" in box_sh(f"cat {KEPT}/570.211.01/installed")
+    finally:
+        sandbox.clear_faults()
+
+
+def test_a_move_to_the_newer_580_build(tmp_path):
+    from gpubox.sandbox.repo_driver import NEWER_580
+
+    move(tmp_path, {"driver_branch": "580", "driver_version": NEWER_580})
+    seen = loaded_module()
+    assert seen["version"] == NEWER_580 and seen["persistence"] == ["Enabled", "Enabled"]
+    box_sh(f"cd {KEPT}/580.105.08 && sha256sum -c --quiet SHA256SUMS && test -f complete")
+
+
+def test_back_to_570_withdrawn_from_the_repository_from_the_kept_packages(tmp_path):
+    from gpubox.sandbox import repo
+
+    repo.withdraw("570.211.01")
+    try:
+        move(tmp_path, {"driver_branch": "570"})
+        assert loaded_module()["version"] == "570.211.01"
+        # installed from the kept packages: apt's only source of 570.211.01 on the box
+        policy = box_sh("apt-cache policy nvidia-driver-cuda")
+        assert "*** 570.211.01-1 1001" in policy, policy
+        assert "file:/var/lib/gpubox/driver-kept-repo ./ Packages" in policy, policy
+        box_sh(f"cd {KEPT}/580.900.01 && sha256sum -c --quiet SHA256SUMS && test -f complete")
+    finally:
+        repo.restore()
+
+
 def test_a_move_to_a_refused_build_is_rolled_back_automatically():
     """issue 30 C: box 3 moves to 580.105.08, whose module the stand-in loader refuses at boot
     (`gpubox sandbox fault module-refuses`): after the move's reboot the deploy finds no module,
