@@ -173,3 +173,20 @@ def test_the_kept_pin_gives_the_blacklist_a_later_deploy_at_570_writes():
 
         plan = driver_plan.plan(config, target, offered(os_name))
         assert rollback_plan.blacklist_for_pin(plan.pin) == plan.unattended
+
+
+def test_with_driver_rollback_false_the_failure_names_the_kept_packages_and_the_key(monkeypatch):
+    seen: list[dict] = []
+    monkeypatch.setattr(
+        driver_stage.driver_rollback, "verify_driver_move", lambda **kw: seen.append(kw)
+    )
+    with fake_host({**MOVE, "driver_rollback": False}, moving_box()):
+        driver_stage.driver()
+    (args,) = seen
+    assert args["rollback"] is None
+    assert args["no_rollback"] == (
+        "driver_rollback is false: the box stays on 580.105.08, failing; 570.211.01, the driver "
+        f"before, is kept in {layout.DRIVER_KEPT_DIR}/570.211.01. To go back, set "
+        '"driver_branch" to 570 (or "driver_version" to "570.211.01") in the inventory and '
+        "deploy again"
+    )

@@ -323,7 +323,7 @@ def verify_after_move(
     script = None
     is_kept = loaded in kept.versions or loaded in old
     if not config.driver_rollback:
-        where = f"its packages are kept in {kept_dir}" if is_kept else "not kept"
+        where = f"kept in {kept_dir}" if is_kept else "not kept"
         no_rollback = (
             f"driver_rollback is false: the box stays on {new}, failing; {loaded}, the driver "
             f"before, is {where}. {back}"
