@@ -8,7 +8,7 @@ import logging
 
 import pytest
 from conftest import REFERENCE, fake_host, fresh_box, make_plan
-from test_driver_move_plan import INSTALLED, KEPT, PV570, SIMULATION, dpkg, kept_answer
+from test_driver_move_plan import BUILD, INSTALLED, KEPT, PV570, SIMULATION, dpkg, kept_answer
 
 from gpubox.base import layout
 from gpubox.config import load_host_config, target_for
@@ -190,3 +190,22 @@ def test_with_driver_rollback_false_the_failure_names_the_kept_packages_and_the_
         '"driver_branch" to 570 (or "driver_version" to "570.211.01") in the inventory and '
         "deploy again"
     )
+
+
+def test_the_box_a_rollback_leaves_changes_nothing_on_a_deploy_at_570():
+    """After the rollback: 570 installed and kept, served from the kept repository. The
+    driver builds' fact does not list a root of another source (the sandbox's
+    nvidia-driver-cuda, found by the fleet test); dpkg's list has it at the pin, so the kept
+    packages are not checked and served again (a second deploy changes nothing)."""
+    builds = [line for line in dpkg(PV570) if "nvidia-driver-cuda" not in line]
+    box = fresh_box(
+        "debian12",
+        **{
+            INSTALLED: builds,
+            "dpkg -l": [f"hi  {n}  {PV570}  amd64  driver" for n in BUILD],
+            KEPT: kept_answer("570.211.01", repo="570.211.01", source=True),
+            "cat /sys/module/nvidia/version": "570.211.01",
+        },
+    )
+    plan = make_plan(driver_stage.driver, REFERENCE, box)
+    assert not [n for n in plan.names if "kept" in n.lower()], plan.names

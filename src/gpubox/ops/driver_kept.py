@@ -8,6 +8,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import operation
+from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files, server
 
 from gpubox.base import layout
@@ -29,9 +30,15 @@ def keep_driver(version: str, package_versions: list[str]):
 
 
 def installed_at_pin(plan: DriverPlan) -> bool:
-    """Whether every root of the plan is installed at the pinned version."""
+    """Whether every root of the plan is installed at the pinned version. The driver builds'
+    fact lists only packages of a driver build's source; a root of another source (the
+    sandbox's nvidia-driver-cuda) is looked up in dpkg's list (the fact answers reads too)."""
     installed = host.get_fact(InstalledDriverBuilds) or {}
-    return all(installed.get(name, ("", ""))[0] == plan.package_version for name in plan.install)
+    other = [n for n in plan.install if installed.get(n, ("", ""))[0] != plan.package_version]
+    if not other:
+        return True
+    debs = host.get_fact(DebPackages) or {}
+    return all(plan.package_version in debs.get(name, []) for name in other)
 
 
 def kept_source(config: HostConfig, kept: KeptState, install: bool) -> Any:
