@@ -218,3 +218,48 @@ def test_back_to_570_withdrawn_from_the_repository_from_the_kept_packages(tmp_pa
         box_sh(f"cd {KEPT}/580.900.01 && sha256sum -c --quiet SHA256SUMS && test -f complete")
     finally:
         repo.restore()
+
+
+def test_a_move_to_a_refused_build_is_rolled_back_automatically():
+    """issue 30 C: box 3 moves to 580.105.08, whose module the stand-in loader refuses at boot
+    (`gpubox sandbox fault module-refuses`): after the move's reboot the deploy finds no module,
+    goes back to 570.211.01 from the kept packages, reboots, verifies, and fails with exit 1
+    naming what failed. The box ends where it started: 570 loaded, its packages at 570 and held,
+    serving; a deploy at 570 then changes nothing."""
+    name, driver = BOXES[2], "nvidia-driver-cuda nvidia-kernel-dkms libcuda1"
+    versions = f"dpkg-query -W -f '${{Package}} ${{Version}}\\n' {driver}"
+    before = box_sh(versions, box=3)
+    assert before.count(" 570.211.01-") == 3, before
+    boot = box_sh("cat /proc/sys/kernel/random/boot_id", box=3)
+    holds = box_sh("apt-mark showhold", box=3)
+    assert {"nvidia-driver-cuda", "nvidia-kernel-dkms"} <= set(holds.split()), holds
+    demo.sandbox("fault", "module-refuses", "--version", "580.105.08", "--box", "3")
+    try:
+        start = time.monotonic()
+        argv = [str(demo.BIN / "gpubox"), "deploy", "-y", demo.INVENTORY, "--limit", name]
+        rc, _, output = demo.stream(
+            demo.in_netns([*argv, "--data", "driver_branch=580"]), merged=True
+        )
+        took = time.monotonic() - start
+        assert rc == 1, output[-4000:]
+        assert "driver 580.105.08: the nvidia kernel module is not loaded" in output
+        assert "The box is back on driver 570.211.01" in output
+        backs = [line.strip() for line in output.splitlines() if "back after" in line]
+        print(
+            f"\nmove to a refused build and its rollback: {took:.1f} s (deploy, 2 reboots, "
+            f"checks); reboots: {backs}"
+        )
+        assert box_sh("cat /sys/module/nvidia/version", box=3).strip() == "570.211.01"
+        assert box_sh("cat /proc/sys/kernel/random/boot_id", box=3) != boot
+        assert box_sh(versions, box=3) == before
+        assert box_sh("apt-mark showhold", box=3) == holds  # held as before the move
+        assert box_sh("systemctl is-active gpubox-llama-server", box=3).strip() == "active"
+        start = time.monotonic()
+        checks = demo.checks(extra=("-m", "quick", "-k", f"{name}:"))
+        print(f"host checks after the rollback: {time.monotonic() - start:.1f} s")
+        assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
+        again = demo.deploy(extra=("--limit", name))
+        assert again.rc == 0 and again.no_change, again.changed_names
+        print(f"deploy at 570 after the rollback: {again.seconds:.1f} s, changed nothing")
+    finally:
+        demo.sandbox("fault", "clear", check=False)

@@ -263,7 +263,7 @@ fact(
         lambda s: parsers.parse_query_gpu(s, APPS_FIELDS),
         parser_name="parsers.parse_query_gpu",
     ),
-    Fact("nvlink", "nvidia-smi nvlink -s", parsers.parse_nvlink_status),
+    Fact.of("nvlink", reads.NVLINK_STATUS),
     Fact("topo", "nvidia-smi topo -m", parsers.parse_topo_matrix),
     Fact.of("lspci", reads.NVIDIA_PCI),
     Fact.of("sb_state", reads.SECURE_BOOT),

@@ -28,6 +28,7 @@ class KeyFields:
     allow_reboot: KeyValue[bool] = KeyValue()
     allow_desktop_reboot: KeyValue[bool] = KeyValue()
     reboot_timeout: KeyValue[int] = KeyValue()
+    driver_rollback: KeyValue[bool] = KeyValue()
     apt_lock_timeout: KeyValue[int] = KeyValue()
     persistence_mode: KeyValue[bool] = KeyValue()
     docker_source: KeyValue[Literal["docker", "distro"]] = KeyValue()

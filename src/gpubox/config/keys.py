@@ -147,6 +147,13 @@ KEYS: tuple[Key, ...] = (
         min=1,
     ),
     Key(
+        "driver_rollback",
+        bool,
+        True,
+        "after a driver move's reboot, a box that fails its driver checks goes back to the "
+        "kept driver, reboots and verifies, and the deploy fails (else it fails and stays)",
+    ),
+    Key(
         "apt_lock_timeout",
         int,
         900,

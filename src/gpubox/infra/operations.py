@@ -10,11 +10,13 @@ import io
 import json
 import shlex
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from gevent import sleep
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra.api.command import PyinfraCommand
 from pyinfra.operations import files
 
 from gpubox.base import layout
@@ -110,6 +112,15 @@ def reboot_and_wait(reason: str, timeout: int = 900, interval: float = 2.0):
 
     pyinfra's server.reboot compares uptimes, which a container (the sandbox) shares with its
     host; the kernel's boot id is new after every boot, containers included."""
+    yield from reboot_commands(reason, timeout, interval)
+
+
+def reboot_commands(
+    reason: str, timeout: int = 900, interval: float = 2.0
+) -> Iterator[PyinfraCommand]:
+    """reboot_and_wait's commands, for another operation to reboot the host and wait for it
+    (gpubox.infra.driver_rollback): the boot id read, the reboot, the wait for a new one (an
+    OperationError after ``timeout`` seconds)."""
     before: list[str] = []
 
     def _boot_id(state, host) -> None:

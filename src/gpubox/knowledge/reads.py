@@ -123,6 +123,11 @@ GPU_QUERY = Read(
 )
 
 
+# Every GPU's NVLink links, active (with their speed) or not: GPU index -> links (the checks'
+# nvlink; the driver stage's record of the links up before a move, gpubox.rules.driver_rollback)
+NVLINK_STATUS = Read("nvidia-smi nvlink -s", parsers.parse_nvlink_status)
+
+
 def _unit_states(*units: str) -> str:
     return "systemctl show -p Id,LoadState,ActiveState,UnitFileState " + " ".join(units)
 

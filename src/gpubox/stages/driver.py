@@ -18,10 +18,11 @@ from gpubox.base import kernels, layout
 from gpubox.base.errors import HostStopped
 from gpubox.base.rendering import FILES, render
 from gpubox.config import HostConfig, Target
-from gpubox.infra import operations, runfile
+from gpubox.infra import driver_rollback, operations, runfile
 from gpubox.infra.host_facts import (
     CommandOutput,
     HeadersOffered,
+    HeldPackages,
     KernelMetas,
     KernelModuleLoaded,
     KernelModules,
@@ -39,9 +40,11 @@ from gpubox.ops.packages import install_pinned
 from gpubox.parsers.secure_boot import MokState
 from gpubox.plans import driver as driver_plan
 from gpubox.plans import driver_move
+from gpubox.plans import driver_rollback as rollback_plan
 from gpubox.preflight import answers, driver_kept, driver_replacement
 from gpubox.preflight import gate as preflight
 from gpubox.rules import desktop
+from gpubox.rules import driver_rollback as moves
 from gpubox.stages import current_config
 
 # The paths under the names the plan tests use.
@@ -205,6 +208,8 @@ def driver() -> None:
             reason=reason,
             timeout=config.reboot_timeout,
         )
+        # a move from a loaded driver: its checks now, the way back if they fail
+        verify_after_move(config, loaded, p, old, kept)
 
     # its unit is static (no [Install]): boot pulls it in through the wanted drop-in
     units.keep_running(layout.PERSISTENCED, "nvidia-persistenced", dropin, enabled=None)
@@ -287,3 +292,66 @@ def secure_boot_gate(config: HostConfig, target: Target) -> MokState | None:
         message=text,
     )
     raise HostStopped(f"{host.name}: Secure Boot: enroll DKMS's signing key first")
+
+
+def verify_after_move(
+    config: HostConfig,
+    loaded: str | None,
+    p: driver_plan.DriverPlan,
+    old: dict[str, list[str]],
+    kept: driver_move.KeptState,
+) -> None:
+    """After the reboot of a move from loaded driver ``loaded`` to the pinned one: the driver
+    checks against the box's state before the move (read now, before any change), and the
+    automatic rollback to ``loaded``'s kept packages when they fail (key driver_rollback;
+    gpubox.infra.driver_rollback). ``loaded`` is kept when it is already (``kept``) or when
+    this run keeps it first (``old``: the builds the move replaces). Its reboot is allowed
+    where the move's was: it is planned only after the move's own reboot."""
+    new = config.driver_version
+    if not loaded or loaded == "mismatch" or loaded == new:
+        return  # a first install, or a reboot that is no move: nothing to go back to
+    before = moves.state_before(
+        loaded,
+        read_once(CommandOutput, command=reads.GPU_QUERY.command_for()),
+        read_once(CommandOutput, command=reads.NVLINK_STATUS.command_for()),
+    )
+    kept_dir = driver_move.kept_dir(loaded)
+    back = (
+        f'To go back, set "driver_branch" to {loaded.split(".")[0]} (or "driver_version" to '
+        f'"{loaded}") in the inventory and deploy again'
+    )
+    script = None
+    is_kept = loaded in kept.versions or loaded in old
+    if not config.driver_rollback:
+        where = f"kept in {kept_dir}" if is_kept else "not kept"
+        no_rollback = (
+            f"driver_rollback is false: the box stays on {new}, failing; {loaded}, the driver "
+            f"before, is {where}. {back}"
+        )
+    elif not is_kept:
+        logger.warning(
+            f"{host.name}: the driver moves from {loaded} to {new}, and {loaded} is not kept "
+            f"({kept_dir}): no automatic rollback is possible if {new} fails its checks after "
+            "the reboot"
+        )
+        no_rollback = f"No rollback was possible: driver {loaded} is not kept in {kept_dir}. {back}"
+    else:
+        # the pin file kept with it: the kept one, or the one on the box that this run keeps
+        pin = f"{kept_dir}/apt-preferences" if loaded in kept.versions else layout.DRIVER_PIN
+        blacklist = rollback_plan.blacklist_for_pin(read_once(CommandOutput, command=f"cat {pin}"))
+        # apt's marks before the move come back with the kept packages
+        auto = read_once(CommandOutput, command="apt-mark showauto").split()
+        script = rollback_plan.script(
+            loaded, p.package_version, blacklist, held=read_once(HeldPackages), auto=auto
+        )
+        no_rollback = ""
+    driver_rollback.verify_driver_move(
+        name=f"Check driver {new} after the reboot"
+        + (f", back to {loaded} if it fails (driver_rollback)" if script else ""),
+        old=loaded,
+        new=new,
+        before=before,
+        rollback=script,
+        no_rollback=no_rollback,
+        timeout=config.reboot_timeout,
+    )
