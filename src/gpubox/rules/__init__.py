@@ -5,5 +5,6 @@
 - ``outdated``: each pin's line and what its repository offers newer in it (gpubox outdated);
 - ``nccl``: which boxes get NCCL and its pin;
 - ``desktop``: what a desktop is and what the deploy tells its owner;
-- ``driver_lifecycle``: a host's driver lifecycle note (its branch's end of life, where to move).
+- ``driver_lifecycle``: a host's driver lifecycle note (its branch's end of life, where to move);
+- ``canary``: the canaries of `gpubox deploy --canary`, their short bench and its verdict.
 """
