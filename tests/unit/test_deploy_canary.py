@@ -413,3 +413,14 @@ def test_the_short_bench_gets_the_keys_it_needs_with_defaults():
     data = canary_bench.bench_data({"ssh_hostname": "h", "ssh_port": 2222, "gpu_count": 2})
     assert data["ssh_port"] == 2222 and "gpu_count" not in data
     assert (data["api_port"], data["model_alias"]) == (8080, "qwen3-next")
+
+
+def test_the_group_canary_is_read_from_the_inventory_as_pyinfra_reads_it(tmp_path: Path):
+    from gpubox.remote import inventory  # reads the file with pyinfra's CLI (gevent): here
+
+    path = tmp_path / "fleet.py"
+    path.write_text(
+        'hosts = [("gpu1", {}), ("gpu2", {}), ("gpu3", {})]\ncanary = ["gpu3", "gpu1"]\n'
+    )
+    assert inventory.group_members(str(path), "canary") == ["gpu1", "gpu3"]  # inventory order
+    assert inventory.group_members(str(path), "other") is None

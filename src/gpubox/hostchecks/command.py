@@ -1,4 +1,5 @@
-"""`gpubox verify INVENTORY [-m MARKER] [-k EXPR]`: the packaged host checks through pytest.
+"""`gpubox verify INVENTORY [-m MARKER] [-k EXPR] [--limit NAME]`: the packaged host checks
+through pytest (``--limit``: only the hosts it names, the others not contacted).
 
 The inventory is validated first (a bad one exits 2, nothing contacted); every host is probed
 at once (``gpubox.remote.reach.probe``, within the SSH timeout), and one that cannot be reached is
