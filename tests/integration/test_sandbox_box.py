@@ -33,6 +33,7 @@ pytestmark = pytest.mark.integration
 
 DRIVER = "570.211.01"
 TEMPTATION = "580.105.08"
+NEWER_580 = "580.900.01"  # gpubox.sandbox.repo_driver.NEWER_580
 KEYRING = "/usr/share/keyrings/gpubox-test-nvidia-cuda.gpg"
 TOOLKIT_KEYRING = "/usr/share/keyrings/gpubox-test-nvidia-container-toolkit.gpg"
 TOOLKIT = "1.17.8-1"
@@ -115,7 +116,40 @@ def test_stand_in_repository_and_debian_mirror(info: dict[str, Any]) -> None:
     assert out.splitlines()[0] == info["key_fingerprint"]
     policy = out.split("cuda-drivers:")[0]
     assert f"{DRIVER}-1" in policy and f"{TEMPTATION}-1" in policy  # both branches served
+    assert f"{NEWER_580}-1" in policy  # and the newer 580 build, the candidate
+    assert f"Candidate: {NEWER_580}-1" in out.split("cuda-drivers:")[1]  # the trap follows it
     assert "nvtop version 3." in out  # Debian contrib, through the bridged mirror
+
+
+def test_a_withdrawn_driver_build_leaves_the_index_at_the_next_update(
+    info: dict[str, Any],
+) -> None:
+    """gpubox sandbox repo withdraw / restore, seen by apt-get update in the box."""
+    url = info["repo_url"].format(distro=info["repo_distro"])
+    key_url = info["key_url"].format(distro=info["repo_distro"])
+    sandbox.ssh(
+        f"curl -fsS -o {KEYRING} {key_url} && echo 'deb [signed-by={KEYRING}] {url} /' > "
+        "/etc/apt/sources.list.d/gpubox-test.list",
+        info=info,
+    )
+
+    def offered() -> set[str]:
+        out = sandbox.ssh(
+            "apt-get update --error-on=any -qq && apt-cache madison nvidia-driver-cuda", info=info
+        ).stdout
+        return {line.split("|")[1].strip() for line in out.splitlines()}
+
+    every = {f"{DRIVER}-1", f"{TEMPTATION}-1", f"{NEWER_580}-1"}
+    assert offered() == every
+    started = time.monotonic()
+    assert cli.main(["repo", "withdraw", DRIVER]) == 0
+    try:
+        _timing("repo withdraw", time.monotonic() - started)
+        assert offered() == every - {f"{DRIVER}-1"}
+        assert cli.main(["repo", "withdraw", "535.309.01"]) == 1  # not served: refused
+    finally:
+        assert cli.main(["repo", "restore"]) == 0
+    assert offered() == every
 
 
 def test_hardware_stand_ins_and_faults(info: dict[str, Any]) -> None:

@@ -1399,14 +1399,12 @@ def real():
 
 @pytest.fixture(scope="module")
 def built(real, tmp_path_factory):
-    """The driver packages of both branches, built into an unsigned flat repository."""
+    """The driver packages of every build served, built into an unsigned flat repository."""
     from gpubox import catalog
     from gpubox.sandbox import repo_build, repo_driver
 
     cat = catalog.load()
-    debs = [
-        d for b in repo_driver.DRIVER_BRANCHES for d in repo_driver.driver_packages(b, cat, real)
-    ]
+    debs = repo_driver.all_driver_packages(cat, real)
     dest = repo_build.build_packages(debs, tmp_path_factory.mktemp("standin-repo"))
     return {"debs": debs, "repo": dest, "cat": cat}
 
@@ -1455,7 +1453,7 @@ RELATIONS = ("Pre-Depends", "Depends", "Recommends", "Suggests", "Provides", "Co
         "libnvidia-ml1",
     ],
 )
-@pytest.mark.parametrize("pv", ["570.211.01-1", "580.105.08-1"])
+@pytest.mark.parametrize("pv", ["570.211.01-1", "580.105.08-1", "580.900.01-1"])
 def test_relations_are_debians_re_versioned(real, built, name: str, pv: str):
     package = real.package(name)
     real_deb = real.base / "debs" / package.filename
@@ -1656,7 +1654,40 @@ def test_the_documented_install_resolves_with_apt(real, built):
 
     unpinned = debian_real.simulate(real, [built["repo"]], install)
     assert unpinned.returncode != 0
-    assert "but 580.105.08-1 is to be installed" in unpinned.stdout
+    # the newest build served wins: the invented patch release of 580, not the catalog's
+    assert "but 580.900.01-1 is to be installed" in unpinned.stdout
+
+
+def test_the_repository_serves_each_build_whole_and_cuda_drivers_follows_the_newest(real, built):
+    """Three driver builds side by side, each with the same package set (NEWER_580 derived
+    as 580.105.08 is, re-versioned, its module source at its own version); the cuda-drivers
+    trap, asked for without a pin, installs the newest build, as NVIDIA's does."""
+    from gpubox import catalog
+    from gpubox.sandbox import debian_real, repo_driver
+
+    assert repo_driver.NEWER_580 == "580.900.01"
+    assert repo_driver.NEWER_580 not in Path(catalog.__file__).with_name("catalog.yml").read_text()
+    builds = repo_driver.served_builds(built["cat"])
+    assert [b.version for b in builds] == ["570.211.01", "580.105.08", "580.900.01"]
+    names = {
+        b.package_version: {d.name for d in built["debs"] if d.version == b.package_version}
+        for b in builds
+    }
+    assert names["580.900.01-1"] == names["580.105.08-1"] == names["570.211.01-1"]
+    dkms = built["repo"] / "nvidia-kernel-dkms_580.900.01-1_amd64.deb"
+    makefile = deb_member(dkms, "./usr/src/nvidia-current-580.900.01/Makefile")
+    assert "--version 580.900.01 " in makefile
+    smi = deb_member(
+        built["repo"] / "nvidia-smi_580.900.01-1_amd64.deb", "./usr/lib/nvidia/current/nvidia-smi"
+    )
+    assert 'USERSPACE_VERSION = "580.900.01"' in smi
+    trap = debian_real.simulate(
+        real, [built["repo"]], ["install", "--no-install-recommends", "cuda-drivers"]
+    )
+    assert trap.returncode == 0, trap.stdout + trap.stderr
+    installs = debian_real.simulated_installs(trap.stdout)
+    assert installs["cuda-drivers"] == installs["nvidia-driver-cuda"] == "580.900.01-1"
+    assert installs["nvidia-kernel-dkms"] == "580.900.01-1"
 
 
 def test_standins_doc_lists_every_package(built):

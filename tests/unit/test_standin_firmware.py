@@ -499,3 +499,91 @@ def test_modprobe_follows_debians_install_rules(tmp_path: Path):
         "nvidia-current-drm",
     ]
     assert script.modprobe("nouveau") == ["nouveau"]
+
+
+# --------------------------------------------------------------------------- a refused module
+
+
+def _modinfo_of(path: str, field: str) -> str:
+    """modinfo -F FIELD of a stand-in module (the host may have no kmod): its .modinfo."""
+    data = Path(path).read_bytes()
+    found = [
+        entry.split(b"=", 1)[1].decode()
+        for entry in data.split(b"\0")
+        if entry.startswith(field.encode() + b"=")
+    ]
+    return found[0] if found else ""
+
+
+def boot_loader(tmp_path: Path, version: str, state: dict[str, Any]) -> Any:
+    """The module unit's load-module at a boot: Debian's install rule for nvidia, a stand-in
+    nvidia module of driver ``version`` (gpubox-standin-ko) installed as DKMS installs it
+    (nvidia-current.ko) for the running kernel, the box's stand-in state."""
+    script = load_module_script(tmp_path)
+    kernel = os.uname().release
+    moddir = tmp_path / "modules" / kernel
+    moddir.mkdir(parents=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(repo_debs.PACKAGES_DIR / "nvidia-dkms" / "gpubox-standin-ko"),
+            *("--version", version, "--kernel", kernel, "--flavour", "proprietary"),
+            "nvidia",  # Debian's dkms.conf: BUILT_MODULE_NAME nvidia, DEST_MODULE_NAME ...
+        ],
+        cwd=moddir,
+        check=True,
+        capture_output=True,
+    )
+    (moddir / "modules.dep").write_text("updates/dkms/nvidia-current.ko:\n")
+    (moddir / "updates" / "dkms").mkdir(parents=True)
+    (moddir / "nvidia.ko").rename(moddir / "updates/dkms/nvidia-current.ko")  # nvidia-current
+    conf = tmp_path / "modprobe.d"
+    conf.mkdir()
+    (conf / "nvidia.conf").write_text("install nvidia modprobe -i nvidia-current $CMDLINE_OPTS\n")
+    st.save_state(state, tmp_path / "state.json")
+    script.MODULES = str(tmp_path / "modules")
+    script.MODPROBE_DIRS = (str(conf),)
+    script.STATE_FILE = str(tmp_path / "state.json")
+    script.SYS_MODULE = str(tmp_path / "sys")
+    script.modinfo = _modinfo_of
+    return script
+
+
+@pytest.mark.parametrize("version", ["580.900.01", "570.211.01"])
+def test_the_kernel_refuses_the_module_of_a_refused_version(tmp_path: Path, capsys, version: str):
+    refusing = st.refuse_module(st.default_state(), "580.900.01")
+    script = boot_loader(tmp_path, version, refusing)
+    assert script.main() == 0
+    out, err = capsys.readouterr()
+    loaded = tmp_path / "loaded-driver"
+    if version == "580.900.01":
+        # Linux 6.1 kernel/module/version.c check_version, then kmod's modprobe for ENOEXEC
+        assert err == (
+            "kernel: nvidia: disagrees about version of symbol module_layout\n"
+            "modprobe: ERROR: could not insert 'nvidia_current': Exec format error\n"
+        )
+        assert not loaded.exists() and not (tmp_path / "sys" / "nvidia").exists()
+    else:  # another version loads as before
+        assert loaded.read_text() == "570.211.01 proprietary\n"
+        assert (tmp_path / "sys/nvidia/version").read_text() == "570.211.01\n"
+        assert "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  570.211.01" in out
+
+
+def test_without_the_fault_the_module_loads(tmp_path: Path):
+    script = boot_loader(tmp_path, "580.900.01", st.default_state())
+    assert script.main() == 0
+    assert (tmp_path / "loaded-driver").read_text() == "580.900.01 proprietary\n"
+
+
+def test_module_refuses_fault_is_per_box_state_and_clear_removes_it(tmp_path: Path):
+    info = {"rootfs": str(tmp_path), "box": 1}
+    faults.save_hardware_state(st.default_state(), info)
+    with pytest.raises(faults.SandboxError, match="--version"):
+        faults.plant_fault("module-refuses", info=info)
+    faults.plant_fault("module-refuses", version="580.900.01", info=info)
+    state = faults.plant_fault("module-refuses", version="580.900.01", info=info)
+    assert state["refused_modules"] == ["580.900.01"]
+    assert faults.hardware_state(info)["refused_modules"] == ["580.900.01"]
+    assert "module-refuses" in faults.FAULTS
+    assert "refused_modules" not in faults.clear_faults(info)
+    assert "refused_modules" not in faults.hardware_state(info)

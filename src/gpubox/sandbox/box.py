@@ -50,6 +50,7 @@ from gpubox.sandbox import (
     onepanel,
     pypi,
     repo_build,
+    repo_index,
     tinymodel,
 )
 from gpubox.sandbox.box_ssh import (
@@ -246,6 +247,8 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
     mirror_host, mirror_port = host_port(mirror)
     pristine = ensure_rootfs(rebuild=rebuild, progress=progress)
     repo = repo_build.ensure_repo(cache_dir() / "repo", rebuild=rebuild, progress=progress)
+    if box.number == 1 and repo_index.restore(repo):  # a new sandbox: nothing withdrawn
+        progress("the stand-in repository offers every driver build again")
     served, served_facts = ensure_served_files(progress)
     hub_args, hub_facts = _prepare_hub(sdir, served, progress)
     ms_args, ms_facts = _prepare_modelscope(sdir, served, hub_args, progress)
@@ -547,6 +550,8 @@ def _down(sdir: Path, box: Box, state: dict[str, Any], progress: Progress) -> di
         Path(f"/run/systemd/nspawn/locks/inode-{st.st_dev}:{st.st_ino}").unlink()
     for name in ("mirror.sock", "ssh.sock", "nspawn.pid", "nspawn.json"):
         (sdir / name).unlink(missing_ok=True)
+    if box.number == 1 and Path(state.get("repo_root", "/nonexistent"), "meta.json").exists():
+        repo_index.restore(Path(state["repo_root"]))  # the sandbox ends: nothing withdrawn
 
     problems = []
     running = [f"{n} ({r['pid']})" for n, r in procs.items() if alive(r)]

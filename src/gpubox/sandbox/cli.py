@@ -9,6 +9,10 @@ gpubox sandbox ssh [-- CMD ...]   a shell or a command in the box (exit status p
 gpubox sandbox exec -- CMD ...    a host command inside the box's network namespace,
                                   where the box is 127.0.0.1 (pyinfra, pytest)
 gpubox sandbox fault NAME|clear   plant a stand-in hardware fault (or clear them all)
+                                  (module-refuses --version V: the module loader refuses V)
+gpubox sandbox repo withdraw VERSION | restore
+                                  the stand-in NVIDIA repository stops (starts) offering a
+                                  driver build, from every box's next apt-get update
 gpubox sandbox mok-screen --enroll --password-file F | --timeout
                                   what the console does at the next boot's MOK screen
 gpubox sandbox image              build and load the host checks' container image in every
@@ -29,7 +33,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from gpubox.sandbox import box, box_ssh, faults, hub, identity, images, processes, serve
+from gpubox.sandbox import box, box_ssh, faults, hub, identity, images, processes, repo_index, serve
 from gpubox.sandbox.common import SandboxError
 
 
@@ -117,6 +121,22 @@ def _images() -> int:
     return 1 if failed else 0
 
 
+def _repo(parser: argparse.ArgumentParser, action: str, version: str | None) -> int:
+    root = repo_index.current_root()
+    if action == "withdraw":
+        if not version:
+            parser.error("repo withdraw needs a VERSION, e.g. 570.211.01")
+        gone = repo_index.withdraw(version, root)
+    else:
+        if version:
+            parser.error("repo restore takes no VERSION: it restores every build")
+        repo_index.restore(root)
+        gone = []
+    offered = [v for v in repo_index.served_builds(root) if v not in gone]
+    print(f"repo: offers {', '.join(offered)}" + (f"; withdrawn {', '.join(gone)}" if gone else ""))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpubox sandbox",
@@ -161,7 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     fault.add_argument("name", choices=[*faults.FAULTS, "clear"])
     fault.add_argument("--gpu", type=int, help="the GPU's position in the state (0, 1)")
     fault.add_argument("--link", type=int, help="the NVLink port of that GPU")
-    fault.add_argument("--version", help="runfile-driver: the runfile's driver version")
+    fault.add_argument(
+        "--version",
+        help="runfile-driver: the runfile's driver version; module-refuses: the driver version "
+        "whose nvidia module the kernel refuses (required)",
+    )
     mok = sub.add_parser(
         "mok-screen",
         help="answer the next boot's MOK screen (enroll with the import password, or time out)",
@@ -189,6 +213,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     hub_parser.add_argument("hub_action", choices=["reupload"])
     hub_parser.add_argument("--json", action="store_true", help="print the new commit as JSON")
+    repo = sub.add_parser(
+        "repo",
+        help="withdraw a driver build from the stand-in NVIDIA repository, or restore them",
+        description="withdraw VERSION: the stand-in NVIDIA CUDA repository stops offering the "
+        "driver build VERSION (every package at that version; the files stay on disk), as "
+        "NVIDIA's repository drops old builds; restore: it offers every build again. Each box "
+        "sees the change at its next apt-get update; a new sandbox (up after down) starts "
+        "with nothing withdrawn.",
+    )
+    repo.add_argument("repo_action", choices=["withdraw", "restore"])
+    repo.add_argument("version", nargs="?", help="withdraw: the driver build, e.g. 570.211.01")
     for name in ("ssh", "exec", "fault", "mok-screen", "hub"):
         sub.choices[name].add_argument("--box", type=int, default=1, help="which box (1..4)")
     args = parser.parse_args(argv)
@@ -215,6 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.action == "status":
             return _status(args.json)
+        if args.action == "repo":
+            return _repo(parser, args.repo_action, args.version)
         if args.action == "image" and args.box is None:
             return _images()
         if getattr(args, "box", 1) != 1:

@@ -5,7 +5,8 @@ edits of the stand-in GPUs' state file (``plant_fault``; ``clear_faults`` restor
 reference hardware); the MOK screen of the next boot is answered with ``mok_screen`` and
 played by the supervisor before the box boots again (``firmware_at_boot``). The firmware and
 desktop faults (issue 16): Secure Boot, the DKMS signing key enrolled, a graphical desktop
-with a logged-in session, a runfile driver.
+with a logged-in session, a runfile driver; and a driver build whose module the kernel
+refuses at boot (module-refuses, issue 30: an edit of the state too).
 
 What the box cannot have is a stand-in (the firmware's EFI variables and MOK screen, the GT
 710's nouveau, the kernel's signature check: standin/, STANDINS.md); everything else a fault
@@ -238,6 +239,8 @@ FAULTS = {
     "desktop": "a graphical desktop: graphical.target, gdm.service (display-manager.service) "
     "running, user owner logged in to a Wayland session on seat0, nouveau driving the GT 710",
     "runfile-driver": "what NVIDIA's .run installer leaves: its files and nvidia-uninstall",
+    "module-refuses": "from the next boot the kernel refuses the nvidia module of driver "
+    "--version (modprobe: Exec format error): nothing loaded, nvidia-smi fails",
 }
 
 
@@ -269,7 +272,8 @@ def plant_fault(
     Faults add up; ``clear_faults()`` restores the reference hardware and undoes what the
     firmware and desktop faults planted in the box. Configuration faults (a stopped service, a
     removed hold, ...) are planted over SSH instead: they are the box's. ``version``: the
-    runfile driver's version (runfile-driver only)."""
+    runfile driver's version (runfile-driver), the refused module's driver version
+    (module-refuses, required)."""
     info = info or box_info()
     current = hardware_state(info)
     if name == "gpu-missing":
@@ -290,6 +294,10 @@ def plant_fault(
         plant_desktop(_runner(info))
     elif name == "runfile-driver":
         plant_runfile(Path(info["rootfs"]), version)
+    elif name == "module-refuses":
+        if not version:
+            raise SandboxError("fault module-refuses needs the driver version: --version V")
+        standin_state.refuse_module(current, version)
     else:
         raise SandboxError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
     save_hardware_state(current, info)

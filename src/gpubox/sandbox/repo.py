@@ -12,8 +12,9 @@ stand-in with the same shape: a flat repository (``deb [signed-by=KEYRING] URL /
 Label "NVIDIA CUDA", signed by a throwaway key published as a *binary* keyring
 ``cuda-archive-keyring.gpg`` (as NVIDIA publishes theirs).
 
-It carries NVIDIA's Debian driver packages at two driver versions side by side, the R570 the
-deploy pins and a newer R580 the pin must resist, plus the ``cuda-drivers`` trap and two CUDA
+It carries NVIDIA's Debian driver packages at three driver versions side by side, the R570 the
+deploy pins, the catalog's R580 the pin must resist and a newer R580 build whose version is
+invented for the tests (repo_driver.NEWER_580), plus the ``cuda-drivers`` trap and two CUDA
 toolkits (12.8, and 13.0 as a second temptation). The driver packages are derived from
 Debian 12's real packages of the same names (debian_real.py fetches them once): their control
 fields, maintainer scripts, conffiles, alternatives and users are Debian's, re-versioned;
@@ -49,6 +50,12 @@ cannot reach:
 Single byte ranges are answered (206), as GitHub's and Hugging Face's servers do, so a resumed
 download works against it.
 
+``withdraw(VERSION)`` and ``restore()`` (repo_index.py; ``gpubox sandbox repo withdraw|restore``)
+make the CUDA repository stop and start offering a driver build, as NVIDIA's repository drops
+old builds: its indexes are rewritten and signed again, and a box sees the change at its next
+``apt-get update``. The server serves no path with a component that begins with a dot (the
+root's ``.withdraw/`` keeps the throwaway signing key that needs).
+
 The server binds 127.0.0.1 inside the box's network namespace, and exits when the box's
 supervisor process is gone (or on SIGTERM), so it never outlives the box.
 """
@@ -66,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.sandbox.repo_build import ensure_repo, repo_facts
+from gpubox.sandbox.repo_index import restore, served_builds, withdraw, withdrawn
 from gpubox.sandbox.serve import (
     StderrLog,
     download_rate,
@@ -112,8 +120,13 @@ class _Handler(StderrLog, http.server.SimpleHTTPRequestHandler):
         return super().translate_path(path)
 
     def send_head(self) -> Any:
-        """Single byte ranges (``Range: bytes=N-``, ``N-M``, ``-N``), as GitHub's and Hugging
-        Face's servers answer them, so that a resumed download (curl -C -) works here too."""
+        """No dot paths (the root's .withdraw/ is not published). Single byte ranges
+        (``Range: bytes=N-``, ``N-M``, ``-N``), as GitHub's and Hugging Face's servers answer
+        them, so that a resumed download (curl -C -) works here too."""
+        url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        if any(part.startswith(".") for part in url_path.split("/")):
+            self.send_error(404, "File not found")
+            return None
         path = self.translate_path(self.path)
         if not os.path.isfile(path):
             return super().send_head()
@@ -186,6 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     files = file_arguments(parser, args.file, "URL_PATH=FILE")
     return serve(args.root, args.bind, args.port, watch, files)
 
+
+__all__ = [
+    "ensure_repo",
+    "main",
+    "repo_facts",
+    "restore",
+    "serve",
+    "served_builds",
+    "withdraw",
+    "withdrawn",
+]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from gpubox import catalog
-from gpubox.sandbox import debian_real, standin
+from gpubox.sandbox import debian_real, repo_index, standin
 from gpubox.sandbox.repo_debs import Deb, RepoError
-from gpubox.sandbox.repo_driver import DRIVER_BRANCHES
+from gpubox.sandbox.repo_driver import DRIVER_BRANCHES, served_builds
 from gpubox.sandbox.repo_gpu_burn import GPU_BURN_URL_PATH, gpu_burn_tarball
 from gpubox.sandbox.repo_tools import all_packages, all_toolkit_packages
 
@@ -35,7 +35,7 @@ ORIGIN = "NVIDIA"
 LABEL = "NVIDIA CUDA"
 KEY_UID = "gpubox sandbox stand-in NVIDIA CUDA repository (throwaway) <sandbox@gpubox.invalid>"
 # Bump when the way packages are built changes: it is part of the cache key.
-REPO_FORMAT_VERSION = 3
+REPO_FORMAT_VERSION = 4
 
 # The container toolkit repository, laid out as nvidia.github.io/libnvidia-container serves it.
 TOOLKIT_URL_PATH = "libnvidia-container/stable/deb/"  # + "$(ARCH)", which apt expands
@@ -122,15 +122,6 @@ def _input_digest(debs: Iterable[Deb], extra: Iterable[bytes] = ()) -> str:
     return h.hexdigest()[:16]
 
 
-def _gpg(home: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        ["gpg", "--homedir", str(home), "--batch", "--quiet", *args],
-        check=True,
-        capture_output=True,
-        **kw,
-    )
-
-
 def build_packages(debs: Iterable[Deb], repo: Path) -> Path:
     """Build the packages into the directory ``repo`` and index it (Packages, Packages.gz):
     a flat repository, unsigned (``deb [trusted=yes] file:REPO /``); returns ``repo``."""
@@ -157,58 +148,34 @@ def _flat_repo(
     armor: bool,
     origin: str | None = None,
     label: str | None = None,
+    keep_in: Path | None = None,
 ) -> tuple[str, bytes]:
     """Build the packages into ``repo`` and index and sign it as a flat repository with a new
-    throwaway key; returns (fingerprint, public key: binary, or ASCII-armored with ``armor``)."""
+    throwaway key; returns (fingerprint, public key: binary, or ASCII-armored with ``armor``).
+    With ``keep_in`` (the served root above ``repo``), what withdrawing a driver build needs
+    later is kept there (repo_index.keep_for_withdrawal)."""
     repo.mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="gpubox-repo-") as tmp:
-        work = Path(tmp)
-        build_packages(debs, repo)
-        options = ["-o", "APT::FTPArchive::Release::Architectures=amd64"]
-        if origin:
-            options += ["-o", f"APT::FTPArchive::Release::Origin={origin}"]
-        if label:
-            options += ["-o", f"APT::FTPArchive::Release::Label={label}"]
-        # Release is written outside the scanned directory, or it would hash itself
-        release = subprocess.run(
-            ["apt-ftparchive", *options, "release", "."],
-            cwd=repo,
-            check=True,
-            capture_output=True,
-        ).stdout
-        (work / "Release").write_bytes(release)
-        # a short GNUPGHOME path: gpg-agent's socket path must fit in sun_path
-        home = Path(tempfile.mkdtemp(prefix="gpg-", dir="/tmp"))
-        try:
-            home.chmod(0o700)
-            _gpg(
-                home,
-                "--pinentry-mode",
-                "loopback",
-                "--passphrase",
-                "",
-                "--quick-gen-key",
-                key_uid,
-                "ed25519",
-                "sign",
-                "never",
-            )
-            listing = _gpg(home, "--with-colons", "--list-keys").stdout.decode()
-            fpr = next(
-                line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")
-            )
-            _gpg(home, "--clearsign", "-o", str(work / "InRelease"), str(work / "Release"))
-            _gpg(home, "-abs", "-o", str(work / "Release.gpg"), str(work / "Release"))
-            key = _gpg(home, *(["--armor"] if armor else []), "--export", fpr).stdout
-        finally:
-            subprocess.run(
-                ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"],
-                check=False,
-                capture_output=True,
-            )
-            shutil.rmtree(home, ignore_errors=True)
-        for name in ("Release", "InRelease", "Release.gpg"):
-            shutil.copy(work / name, repo / name)
+    build_packages(debs, repo)
+    with repo_index.gpg_home() as home:
+        gpg = repo_index.gpg
+        gpg(
+            home,
+            "--pinentry-mode",
+            "loopback",
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            key_uid,
+            "ed25519",
+            "sign",
+            "never",
+        )
+        listing = gpg(home, "--with-colons", "--list-keys").stdout.decode()
+        fpr = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+        repo_index.release_and_sign(repo, repo, home, origin, label)
+        key = gpg(home, *(["--armor"] if armor else []), "--export", fpr).stdout
+        if keep_in is not None:
+            repo_index.keep_for_withdrawal(keep_in, str(repo.relative_to(keep_in)), home, fpr)
     return fpr, key
 
 
@@ -217,16 +184,29 @@ def build_repo(
     debs: list[Deb],
     toolkit_debs: list[Deb] | None = None,
     gpu_burn_tree: Path | None = None,
+    driver_builds: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Build and sign everything the server publishes under ``dest`` (which must not exist):
-    the NVIDIA CUDA repository, the container toolkit repository, the gpu-burn tarball."""
+    the NVIDIA CUDA repository, the container toolkit repository, the gpu-burn tarball.
+    ``driver_builds`` (upstream -> package version): the builds ``repo_index.withdraw`` may
+    take out of the CUDA repository's index."""
     dest.mkdir(parents=True)
+    cuda_repo = dest / "nvidia" / DISTRO / ARCH_DIR
+    builds = dict(driver_builds or {})
     fpr, keyring = _flat_repo(
-        dest / "nvidia" / DISTRO / ARCH_DIR, debs, KEY_UID, armor=False, origin=ORIGIN, label=LABEL
+        cuda_repo, debs, KEY_UID, armor=False, origin=ORIGIN, label=LABEL, keep_in=dest
     )
     # binary, like NVIDIA's cuda-archive-keyring.gpg
-    (dest / "nvidia" / DISTRO / ARCH_DIR / KEYRING_NAME).write_bytes(keyring)
-    meta: dict[str, Any] = {"key_fingerprint": fpr, "packages": len(debs), "distro": DISTRO}
+    (cuda_repo / KEYRING_NAME).write_bytes(keyring)
+    meta: dict[str, Any] = {
+        "key_fingerprint": fpr,
+        "packages": len(debs),
+        "distro": DISTRO,
+        "cuda_repo": str(cuda_repo.relative_to(dest)),
+        "origin": ORIGIN,
+        "label": LABEL,
+        "driver_builds": builds,
+    }
     if toolkit_debs:
         tk_fpr, tk_key = _flat_repo(
             dest / TOOLKIT_URL_PATH / TOOLKIT_ARCH, toolkit_debs, TOOLKIT_KEY_UID, armor=True
@@ -304,11 +284,13 @@ def ensure_repo(
     root directory. The driver packages derive from Debian's real ones, cached in
     ``real_base`` (default: ``debian-real`` beside ``base``) and fetched once when missing."""
     real = debian_real.ensure(real_base or base.parent / "debian-real", progress)
-    debs = all_packages(real=real)
+    cat = catalog.load()
+    debs = all_packages(cat, real)
+    builds = {b.version: b.package_version for b in served_builds(cat)}
     toolkit_debs = all_toolkit_packages()
     tree = standin.GPU_BURN_TREE
     _, tarball = gpu_burn_tarball(tree)
-    digest = _input_digest([*debs, *toolkit_debs], [tarball])
+    digest = _input_digest([*debs, *toolkit_debs], [tarball, json.dumps(builds).encode()])
     dest = base / digest
     if (dest / "meta.json").exists() and not rebuild:
         return dest
@@ -321,7 +303,7 @@ def ensure_repo(
     tmp = base / f".building-{digest}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        build_repo(tmp, debs, toolkit_debs, tree)
+        build_repo(tmp, debs, toolkit_debs, tree, builds)
         problems = check_driver_install(real, tmp / "nvidia" / DISTRO / ARCH_DIR, debs)
         if problems:
             raise RepoError(

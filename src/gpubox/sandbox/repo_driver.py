@@ -1,5 +1,6 @@
-"""The stand-in NVIDIA driver packages of the sandbox's CUDA repository, for each branch served
-(the pinned R570 and the newer R580 the pin must resist): derived from Debian 12's real
+"""The stand-in NVIDIA driver packages of the sandbox's CUDA repository, for each driver build
+served (``served_builds``: the pinned R570, the catalog's R580 the pin must resist, and
+``NEWER_580``, an invented patch release of R580): derived from Debian 12's real
 packages of the same names (debian_real.py fetches them once), their control fields,
 maintainer scripts, conffiles, alternatives and users Debian's, re-versioned; only what touches
 hardware (libraries, nvidia-smi, the daemons, firmware, the kernel module source) is a
@@ -29,6 +30,40 @@ from gpubox.sandbox.repo_debs import (
 
 # The driver branches served side by side: the pinned one and the temptation.
 DRIVER_BRANCHES = ("570", "580")
+# A newer build of the 580 branch, served beside the catalog's 580.105.08 and derived the same
+# way. Its version number is INVENTED for the tests (issue 30 F): NVIDIA's real 580 builds are
+# in catalog.yml, and this one must never be. It exists so that the sandbox can prove a patch
+# release within a branch (a move from 580.105.08 to it, ``driver_version: "580.900.01"`` with
+# ``driver_branch: "580"``), and so that the newest driver (what ``cuda-drivers`` follows) is
+# not the catalog's. Its Debian revision follows the catalog's NVIDIA debian12 builds ("-1").
+NEWER_580 = "580.900.01"
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverBuild:
+    """One driver build the stand-in repository serves."""
+
+    branch: str  # 570
+    version: str  # 570.211.01, the upstream version
+    package_version: str  # 570.211.01-1, the Debian packages' version
+
+
+def driver_build(branch: str, cat: dict[str, Any], version: str | None = None) -> DriverBuild:
+    """The branch's build: the catalog's, or ``version`` (one of ``served_builds``)."""
+    info = cat["driver"]["branches"][branch]
+    if version is None or version == info["version"]:
+        return DriverBuild(branch, info["version"], info["package_version"]["debian"])
+    for build in served_builds(cat):
+        if build.branch == branch and build.version == version:
+            return build
+    raise RepoError(f"the stand-in repository serves no driver build {version} of branch {branch}")
+
+
+def served_builds(cat: dict[str, Any]) -> list[DriverBuild]:
+    """Every driver build the stand-in repository serves, oldest first: the catalog's build of
+    each of DRIVER_BRANCHES, then NEWER_580."""
+    builds = [driver_build(branch, cat) for branch in DRIVER_BRANCHES]
+    return [*builds, DriverBuild("580", NEWER_580, f"{NEWER_580}-1")]
 
 
 def runtime_contract() -> dict[str, str]:
@@ -156,14 +191,12 @@ def _check_rewritten(deb: Deb, rewrite: debian_real.Rewrite) -> None:
         )
 
 
-def derived_package(real: debian_real.RealPackage, branch: str, cat: dict[str, Any]) -> Deb:
+def derived_package(real: debian_real.RealPackage, build: DriverBuild) -> Deb:
     """A stand-in of NVIDIA's package at the branch's version, derived from Debian's real
     package: its control fields (relations re-versioned), maintainer scripts, conffiles,
     triggers, directories, links and small files are the real ones; what touches hardware
     (libraries, executables, firmware, the kernel module source) is a stand-in. STANDINS.md."""
-    info = cat["driver"]["branches"][branch]
-    ver = info["version"]  # 570.211.01
-    pv = info["package_version"]["debian"]  # 570.211.01-1
+    branch, ver, pv = build.branch, build.version, build.package_version
     rewrite = debian_real.Rewrite(real.version, pv, branch)
     name = debian_real.RENAMES.get(real.name, real.name)
     synopsis, long_description = _versioned_description(real.fields, rewrite)
@@ -292,10 +325,10 @@ def _dkms_standin(deb: Deb, source_dir: str, conf: str, values: dict[str, Any]) 
     )
 
 
-def metadata_package(stanza: list[tuple[str, str]], branch: str, cat: dict[str, Any]) -> Deb:
+def metadata_package(stanza: list[tuple[str, str]], build: DriverBuild) -> Deb:
     """A package of the driver's source that the driver install does not touch: its control
     fields from Debian's index (relations re-versioned), no payload and no scripts."""
-    pv = cat["driver"]["branches"][branch]["package_version"]["debian"]
+    pv, branch = build.package_version, build.branch
     name = debian_real.field_value(stanza, "Package") or ""
     version = debian_real.field_value(stanza, "Version") or ""
     archive = debian_real.field_value(stanza, "X-Recorded-From") or "Debian's index"
@@ -314,10 +347,10 @@ def metadata_package(stanza: list[tuple[str, str]], branch: str, cat: dict[str, 
     return deb
 
 
-def driver_cuda_package(branch: str, cat: dict[str, Any]) -> Deb:
+def driver_cuda_package(build: DriverBuild) -> Deb:
     """NVIDIA's `nvidia-driver-cuda`, which Debian does not have: its control fields are a
     RECORDED GUESS (STANDINS.md): the compute userspace at exactly the same version."""
-    pv = cat["driver"]["branches"][branch]["package_version"]["debian"]
+    pv = build.package_version
     same = f"(= {pv})"
     deb = Deb(
         "nvidia-driver-cuda",
@@ -341,22 +374,26 @@ def driver_cuda_package(branch: str, cat: dict[str, Any]) -> Deb:
 
 
 def driver_packages(
-    branch: str, cat: dict[str, Any], real: debian_real.RealArchive | None = None
+    branch: str,
+    cat: dict[str, Any],
+    real: debian_real.RealArchive | None = None,
+    version: str | None = None,
 ) -> list[Deb]:
-    """Every Debian driver package of NVIDIA's repository for one branch, as stand-ins:
-    derived from Debian's real packages (those the driver install touches), metadata-only
-    (the other binaries of the same sources), NVIDIA's nvidia-driver-cuda (guessed) and the
-    cuda-drivers trap."""
+    """Every Debian driver package of NVIDIA's repository for one build (the branch's in the
+    catalog, or ``version``), as stand-ins: derived from Debian's real packages (those the
+    driver install touches), metadata-only (the other binaries of the same sources), NVIDIA's
+    nvidia-driver-cuda (guessed) and the cuda-drivers trap."""
     real = real or debian_real.ensure()
-    pv = cat["driver"]["branches"][branch]["package_version"]["debian"]
+    build = driver_build(branch, cat, version)
+    pv = build.package_version
     debs: dict[str, Deb] = {}
     for package in real.packages.values():
-        deb = derived_package(package, branch, cat)
+        deb = derived_package(package, build)
         debs[deb.name] = deb
     for stanza in real.metadata:
-        deb = metadata_package(stanza, branch, cat)
+        deb = metadata_package(stanza, build)
         debs.setdefault(deb.name, deb)
-    cuda = driver_cuda_package(branch, cat)
+    cuda = driver_cuda_package(build)
     debs[cuda.name] = cuda
 
     wanted = [n for group in cat["driver"]["packages"]["debian"].values() for n in group]
@@ -367,7 +404,8 @@ def driver_packages(
             "repository has no stand-in for: add one in gpubox/sandbox/repo_driver.py "
             "driver_packages"
         )
-    # the trap: a meta package that follows the newest driver
+    # the trap: a meta package that follows the newest driver (each build has its own, as in
+    # NVIDIA's repository, so apt's candidate is the newest build's)
     trap = Deb(
         "cuda-drivers",
         pv,
@@ -377,3 +415,15 @@ def driver_packages(
     )
     _doc(trap)
     return [*debs.values(), trap]
+
+
+def all_driver_packages(
+    cat: dict[str, Any], real: debian_real.RealArchive | None = None
+) -> list[Deb]:
+    """The driver packages of every build the stand-in repository serves (served_builds)."""
+    real = real or debian_real.ensure()
+    return [
+        d
+        for build in served_builds(cat)
+        for d in driver_packages(build.branch, cat, real, build.version)
+    ]

@@ -11,7 +11,7 @@ from typing import Any
 from gpubox import catalog
 from gpubox.sandbox import debian_real, standin
 from gpubox.sandbox.repo_debs import LIBDIR, Deb, _doc, _dummy_library, _template
-from gpubox.sandbox.repo_driver import DRIVER_BRANCHES, driver_packages
+from gpubox.sandbox.repo_driver import all_driver_packages
 
 # Toolkit releases the stand-in knows, with the commit `nvidia-ctk --version` prints (git
 # rev-parse of the tags v1.17.8 and v1.18.0 in NVIDIA/nvidia-container-toolkit); the catalog's
@@ -318,7 +318,7 @@ def all_packages(
     drivers are derived from Debian's real packages (``real``: the cache, fetched if missing)."""
     cat = cat or catalog.load()
     real = real or debian_real.ensure()
-    debs = [d for branch in DRIVER_BRANCHES for d in driver_packages(branch, cat, real)]
+    debs = all_driver_packages(cat, real)
     seen: set[tuple[str, str]] = set()
     for cuda in CUDA_STANDINS:
         for d in cuda_packages(cuda, cat):

@@ -460,6 +460,15 @@ def set_display_driver(state: State, driver: str | None) -> State:
     return state
 
 
+def refuse_module(state: State, version: str) -> State:
+    """The kernel refuses the nvidia module of driver ``version`` at the next boot (the module
+    unit's load-module; the ``module-refuses`` fault): "refused_modules", a list of versions."""
+    refused = state.setdefault("refused_modules", [])
+    if version not in refused:
+        refused.append(version)
+    return state
+
+
 def sys_module_dir() -> Path:
     """Where the stand-ins read the loaded kernel modules: $GPUBOX_STANDIN_SYS_MODULE, else
     /sys/module (in the box a tmpfs the sandbox mounts there, STANDINS.md)."""
