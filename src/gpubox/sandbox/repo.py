@@ -124,7 +124,8 @@ class _Handler(StderrLog, http.server.SimpleHTTPRequestHandler):
         (``Range: bytes=N-``, ``N-M``, ``-N``), as GitHub's and Hugging Face's servers answer
         them, so that a resumed download (curl -C -) works here too."""
         url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-        if any(part.startswith(".") for part in url_path.split("/")):
+        # "." itself is no dot path: apt asks for the flat index's "Filename: ./NAME.deb"
+        if any(part.startswith(".") and part != "." for part in url_path.split("/")):
             self.send_error(404, "File not found")
             return None
         path = self.translate_path(self.path)
