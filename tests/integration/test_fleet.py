@@ -116,20 +116,20 @@ def test_a_fault_on_one_box_is_reported_for_that_box_only():
     assert {"backend.service", "backend.health"} <= set(checks.by_host["gpubox-sandbox-3"])
 
 
-def test_a_failing_canary_stops_the_fleet_and_a_passing_one_lets_it_through(tmp_path, monkeypatch):
+def test_a_failing_canary_stops_the_fleet_and_a_passing_one_lets_it_through(tmp_path):
     """`gpubox deploy --canary 1` (issue 30 D) with a change whose canary fails: box 1 moved
     to 580.105.08, whose module the box's kernel refuses (the stand-in's fault). The run exits
     1 and boxes 2 and 3 keep their packages (dpkg's status) and their boot. Then, the fault
     cleared, the same command without the change puts box 1 back at 570 as a canary that
     passes: its full checks, its short bench against the baseline `gpubox bench` recorded at
-    the start (the tolerance set wide: a CPU server beside other tests varies), then the rest."""
+    the start (the tolerance set wide: a CPU server beside other tests varies), then the rest.
+    The baseline goes where a user's would (the sandbox reads GPUBOX_STATE_DIR too)."""
     box1 = tmp_path / "box1.py"  # an inventory of box 1 alone, for its baseline bench
     box1.write_text(
         "import runpy\n"
         f"hosts = [h for h in runpy.run_path({str(demo.ROOT / demo.INVENTORY)!r})['hosts']"
         f" if h[0] == {BOXES[0]!r}]\n"
     )
-    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))  # this test's records
     start = time.monotonic()
     bench = [str(demo.BIN / "gpubox"), "bench", "--inventory", str(box1), "--concurrency", "1"]
     bench += ["--requests", "3", "--prompt-tokens", "32", "--max-tokens", "32"]
