@@ -7,6 +7,7 @@ bench are replaced by recording fakes at deploying.main's seams (``phases``, ``p
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -416,11 +417,18 @@ def test_the_short_bench_gets_the_keys_it_needs_with_defaults():
 
 
 def test_the_group_canary_is_read_from_the_inventory_as_pyinfra_reads_it(tmp_path: Path):
-    from gpubox.remote import inventory  # reads the file with pyinfra's CLI (gevent): here
-
+    """In a child process: pyinfra's CLI patches the process it is imported in with gevent, and
+    test_bench's timings would skip after it."""
     path = tmp_path / "fleet.py"
     path.write_text(
         'hosts = [("gpu1", {}), ("gpu2", {}), ("gpu3", {})]\ncanary = ["gpu3", "gpu1"]\n'
     )
-    assert inventory.group_members(str(path), "canary") == ["gpu1", "gpu3"]  # inventory order
-    assert inventory.group_members(str(path), "other") is None
+    code = (
+        "import sys\nfrom gpubox.remote import inventory\n"
+        "print(inventory.group_members(sys.argv[1], 'canary'), "
+        "inventory.group_members(sys.argv[1], 'other'))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True
+    )
+    assert found.stdout.strip() == "['gpu1', 'gpu3'] None"  # inventory order; no such group
