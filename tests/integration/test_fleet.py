@@ -7,6 +7,7 @@ box only. The tests run in order on the same three boxes."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -263,3 +264,62 @@ def test_a_move_to_a_refused_build_is_rolled_back_automatically():
         print(f"deploy at 570 after the rollback: {again.seconds:.1f} s, changed nothing")
     finally:
         demo.sandbox("fault", "clear", check=False)
+
+
+def test_a_failing_canary_stops_the_fleet_and_a_passing_one_lets_it_through(tmp_path):
+    """`gpubox deploy --canary 1` (issue 30 D) with a change whose canary fails: box 1 moved
+    to 580.105.08, whose module the box's kernel refuses (the stand-in's fault). The run exits
+    1 and boxes 2 and 3 keep their packages (dpkg's status) and their boot. Then, the fault
+    cleared, the same command without the change puts box 1 back at 570 as a canary that
+    passes: its full checks, its short bench against the baseline `gpubox bench` recorded at
+    the start (the tolerance set wide: a CPU server beside other tests varies), then the rest.
+    The baseline goes where a user's would (the sandbox reads GPUBOX_STATE_DIR too)."""
+    box1 = tmp_path / "box1.py"  # an inventory of box 1 alone, for its baseline bench
+    box1.write_text(
+        "import runpy\n"
+        f"hosts = [h for h in runpy.run_path({str(demo.ROOT / demo.INVENTORY)!r})['hosts']"
+        f" if h[0] == {BOXES[0]!r}]\n"
+    )
+    start = time.monotonic()
+    bench = [str(demo.BIN / "gpubox"), "bench", "--inventory", str(box1), "--concurrency", "1"]
+    bench += ["--requests", "3", "--prompt-tokens", "32", "--max-tokens", "32"]
+    rc, _, output = demo.stream(demo.in_netns(bench), merged=True)
+    assert rc == 0, output[-3000:]
+    baseline_s = time.monotonic() - start
+    untouched = "sha256sum /var/lib/dpkg/status; cat /proc/sys/kernel/random/boot_id"
+    before = {k: box_sh(untouched, box=k) for k in (2, 3)}
+    demo.sandbox("fault", "module-refuses", "--version", "580.105.08", "--box", "1")
+    try:
+        start = time.monotonic()
+        rc, output = canary_deploy("--data", "driver_branch=580")
+        failing_s = time.monotonic() - start
+    finally:
+        demo.sandbox("fault", "clear", "--box", "1")
+    assert rc == 1, output[-4000:]
+    assert f"canary: deploying {BOXES[0]}" in output
+    assert f"canary: FAILED on {BOXES[0]}: " in output, output[-4000:]
+    assert f"canary: the rest was not deployed: {BOXES[1]}, {BOXES[2]}" in output
+    assert "deploying the rest" not in output
+    assert {k: box_sh(untouched, box=k) for k in (2, 3)} == before
+    start = time.monotonic()
+    rc, output = canary_deploy("--data", "canary_bench_tolerance=90")
+    passing_s = time.monotonic() - start
+    assert rc == 0, output[-4000:]
+    assert f"canary: checks on {BOXES[0]}" in output
+    assert re.search(
+        rf"canary: bench on {BOXES[0]}: [\d.]+ tok/s vs baseline [\d.]+ tok/s "
+        r"\([+-][\d.]+%, tolerance 90%\)",
+        output,
+    ), output[-4000:]
+    assert f"canary: passed; deploying the rest: {BOXES[1]}, {BOXES[2]}" in output
+    print(
+        f"\ncanary: baseline bench {baseline_s:.1f} s, failing canary run {failing_s:.1f} s, "
+        f"passing canary run (box 1 back at 570, then the rest) {passing_s:.1f} s"
+    )
+
+
+def canary_deploy(*extra: str) -> tuple[int, str]:
+    """`gpubox deploy INVENTORY --canary 1 -y ...` as a user types it: (exit code, output)."""
+    argv = [str(demo.BIN / "gpubox"), "deploy", demo.INVENTORY, "--canary", "1", "-y", *extra]
+    rc, _, output = demo.stream(demo.in_netns(argv), merged=True)
+    return rc, output

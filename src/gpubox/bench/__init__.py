@@ -14,6 +14,7 @@ The modules, each one job:
 - llamabench: --llama-bench and --split-modes: the hosts' plans, the run per host, the record
 - llamabench_host: llama-bench's commands on one box, and the server stopped and started again
 - llamabench_results: llama-bench's output read, the best split mode, its table and record line
+- canary: `gpubox deploy --canary`'s short bench of one host, in a child process, not recorded
 
 Run as ``python -m gpubox.bench`` (the same as ``gpubox bench``).
 """

@@ -440,7 +440,7 @@ def main(argv: list[str]) -> int:
         reports[label] = report
         print(("" if len(reports) == 1 else "\n") + format_table(report))
         try:
-            save_record(summary_record(report), target.label or None)
+            save_record(summary_record(report, settings=settings), target.label or None)
         except OSError as exc:
             print(f"gpubox bench: cannot keep the figures for doctor: {exc}", file=sys.stderr)
     if len(reports) > 1:  # --inventory: the hosts side by side

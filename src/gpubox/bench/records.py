@@ -52,15 +52,28 @@ def host_url(name: str, ssh_hostname: str | None, api_port: int) -> str:
     return f"http://{ssh_hostname or name}:{api_port}"
 
 
-def summary_record(report: dict[str, Any], date: str | None = None) -> dict[str, Any]:
-    """The few figures doctor shows, from one endpoint's report."""
+# The settings a record keeps: what `gpubox deploy --canary` must repeat to measure the same
+# kind of output tokens/s (gpubox.rules.canary).
+RECORD_SETTINGS = ("prompt_tokens", "max_tokens", "ignore_eos", "seed")
+
+
+def summary_record(
+    report: dict[str, Any], date: str | None = None, settings: Any = None
+) -> dict[str, Any]:
+    """The few figures doctor shows, from one endpoint's report; with ``settings`` (the
+    bench's gpubox.bench.runner.Settings), the prompt and output lengths, seed and ignore_eos
+    that made them."""
     info = report["endpoint"]
+    kept = {}
+    if settings is not None:
+        kept["settings"] = {k: getattr(settings, k) for k in RECORD_SETTINGS}
     return {
         "date": date or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "url": info["url"],
         "model": info["model"],
         "backend": info.get("backend"),
         "backend_version": info.get("backend_version"),
+        **kept,
         "levels": [
             {
                 "concurrency": lv["max_concurrency"],

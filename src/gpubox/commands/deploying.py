@@ -11,7 +11,12 @@ option passed through; its output is pyinfra's, and a failed run exits 1 (2 when
 refuses an option).
 
 ``--stage NAME`` (repeatable) runs only the named stages of the full deploy, in the full
-deploy's order; the deploy file reads them from ``$GPUBOX_STAGES``."""
+deploy's order; the deploy file reads them from ``$GPUBOX_STAGES``.
+
+``--canary N`` (gpubox.commands.canary) deploys N hosts first, judges them by their host
+checks and a short bench, and only then deploys the rest: two pyinfra runs, each ``--limit``ed
+to its hosts, both with the same ``--stage``, ``--data`` and other options. Not with
+``--limit`` nor ``--dry`` (exit 2)."""
 
 from __future__ import annotations
 
@@ -27,8 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpubox.commands import canary
 from gpubox.infra import outcome
 from gpubox.remote import inventory, reach
+from gpubox.rules import canary as canary_rules
 
 # The full deploy's stages, in the order they run (gpubox/deploy/full.py maps each name to
 # its stage function).
@@ -139,8 +146,43 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--limit", action="append", default=[], help="pyinfra's --limit: only these hosts"
     )
+    p.add_argument(
+        "--canary",
+        type=_canaries,
+        metavar="N",
+        help="deploy N hosts first (the first N of the inventory's group canary when it has "
+        "one, else the first N), run their host checks and a short bench against each one's "
+        "last recorded gpubox bench (within canary_bench_tolerance), and only then the rest; "
+        "a canary that fails ends the run, exit 1 (not with --limit or --dry)",
+    )
     inventory.add_data_arguments(p, "validated as pyinfra will see it, then passed to it")
     return p
+
+
+def _canaries(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of hosts: {text}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("the number of canaries must be 1 or more")
+    return value
+
+
+def refused_with_canary(args: argparse.Namespace) -> str | None:
+    """Why these options cannot go with --canary, or None."""
+    if args.limit:
+        return (
+            "--canary picks the hosts to deploy first and then deploys the rest: it cannot be "
+            "combined with --limit (run --limit alone, or name the hosts to go first in the "
+            "inventory's group canary)"
+        )
+    if args.dry:
+        return (
+            "--canary deploys its canaries for real and judges them: it cannot be combined "
+            "with --dry (run --dry alone to see every host's plan)"
+        )
+    return None
 
 
 def main(
@@ -148,12 +190,20 @@ def main(
     load_hosts: Callable[..., list[tuple[str, dict[str, Any]]] | None],
     report: Callable[..., int],
     probe: Callable[[str, dict[str, Any]], str | None] | None = None,
+    phases: Callable[..., canary.Phases] | None = None,
+    load_group: Callable[[str, str, list[str]], list[str] | None] | None = None,
 ) -> int:
+    """``phases`` (canary.real_phases' arguments -> the canary's phases) and ``load_group``
+    (inventory.group_members) are the test seams of --canary."""
     args, rest = parser().parse_known_args(argv)
     stages = [n for s in args.stage for n in s.split(",") if n]
     bad = unknown(stages)
     if bad:
         print(f"gpubox deploy: unknown stage(s) {', '.join(bad)}; {valid_text()}", file=sys.stderr)
+        return reach.BAD_INPUT
+    refused = refused_with_canary(args) if args.canary else None
+    if refused:
+        print(f"gpubox deploy: {refused}", file=sys.stderr)
         return reach.BAD_INPUT
     try:
         overrides = inventory.data_overrides(args.data)
@@ -173,6 +223,16 @@ def main(
             file=sys.stderr,
         )
         return reach.BAD_INPUT
+    canaries: list[str] = []
+    if args.canary:
+        try:
+            group = (load_group or inventory.group_members)(
+                args.inventory, canary_rules.GROUP, args.group_data
+            )
+            canaries = canary_rules.pick([name for name, _ in hosts], group, args.canary)
+        except (ValueError, inventory.InventoryError) as exc:
+            print(f"gpubox deploy: {exc}; no host was contacted", file=sys.stderr)
+            return reach.BAD_INPUT
     found = probe_all(targeted(hosts, args.limit), probe)
     down = {name: why for name, why in found.items() if why is not None}
     if down:
@@ -186,9 +246,24 @@ def main(
             file=sys.stderr,
         )
         return reach.UNREACHABLE
+    if not args.canary:
+        return run_pyinfra(args, rest, stages, args.limit)[0]
+
+    def deploy(names: list[str]) -> tuple[int, list[str]]:  # --stage passes to both phases
+        return run_pyinfra(args, rest, stages, names)
+
+    make = phases or canary.real_phases
+    return canary.run(hosts, canaries, make(deploy, args.inventory, args.data, args.group_data))
+
+
+def run_pyinfra(
+    args: argparse.Namespace, rest: list[str], stages: list[str], limits: list[str]
+) -> tuple[int, list[str]]:
+    """pyinfra on the full deploy, for the hosts ``limits`` names (every host when none):
+    (gpubox deploy's exit code, the hosts that failed)."""
     command = [pyinfra_executable()]
     command += ["--dry"] * args.dry + ["-y"] * args.yes
-    command += [f"--limit={limit}" for limit in args.limit]
+    command += [f"--limit={limit}" for limit in limits]
     command += [arg for pair in args.data for arg in ("--data", pair)]
     command += [arg for path in args.group_data for arg in ("--group-data", path)]
     command += [*rest, args.inventory, str(DEPLOY_DIR / "full.py")]
@@ -201,4 +276,4 @@ def main(
         env[outcome.ENV] = os.path.join(tmp, "outcome.json")
         rc = subprocess.run(command, env=env, check=False).returncode
         # pyinfra (click) exits 2 for an option it does not take: bad input, nothing run
-        return outcome.exit_code(env[outcome.ENV], rc)
+        return outcome.exit_code(env[outcome.ENV], rc), outcome.failed_hosts(env[outcome.ENV])

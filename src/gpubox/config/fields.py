@@ -48,6 +48,7 @@ class KeyFields:
     burnin_dcgm_level: KeyValue[Literal[1, 2, 3, 4]] = KeyValue()
     burnin_required: KeyValue[bool] = KeyValue()
     verify_after_deploy: KeyValue[bool] = KeyValue()
+    canary_bench_tolerance: KeyValue[int | float] = KeyValue()
     burnin_max_age_days: KeyValue[int] = KeyValue()
     backend: KeyValue[Literal["llamacpp", "vllm", "none"]] = KeyValue()
     model: KeyValue[str] = KeyValue()

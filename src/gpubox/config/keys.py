@@ -230,6 +230,15 @@ KEYS: tuple[Key, ...] = (
         "deploy/full.py ends with the quick checks (the host fails when one fails)",
     ),
     Key(
+        "canary_bench_tolerance",
+        (int, float),
+        10,
+        "gpubox deploy --canary: how many percent a canary's output tok/s may fall below its "
+        "last recorded gpubox bench before the canary fails (docs/deploy.md)",
+        min=0,
+        max=100,
+    ),
+    Key(
         "burnin_max_age_days",
         int,
         30,

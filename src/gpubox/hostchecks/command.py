@@ -1,4 +1,5 @@
-"""`gpubox verify INVENTORY [-m MARKER] [-k EXPR]`: the packaged host checks through pytest.
+"""`gpubox verify INVENTORY [-m MARKER] [-k EXPR] [--limit NAME]`: the packaged host checks
+through pytest (``--limit``: only the hosts it names, the others not contacted).
 
 The inventory is validated first (a bad one exits 2, nothing contacted); every host is probed
 at once (``gpubox.remote.reach.probe``, within the SSH timeout), and one that cannot be reached is
@@ -44,6 +45,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-k", dest="expr", metavar="EXPR", help="only the checks matching EXPR")
     p.add_argument("--burn", action="store_true", help="also the checks that load the GPUs")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per check")
+    p.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only these hosts (host names, comma separated or repeated; * and ? match), as "
+        "pyinfra's --limit selects them by name; the others are not contacted",
+    )
     inventory.add_data_arguments(p, "the hosts judged as a deploy given it converged them")
     return p
 
@@ -72,6 +81,7 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
         argv += ["-k", args.expr]
     if args.burn:
         argv.append("--burn")
+    argv += [f"--limit={limit}" for limit in args.limit]
     argv += [arg for pair in args.data for arg in ("--data", pair)]
     argv += [arg for path in args.group_data for arg in ("--group-data", path)]
     return argv
@@ -103,6 +113,10 @@ def main(
             f"{errors} problem(s) in {args.inventory}{with_data}; no host was contacted",
             file=sys.stderr,
         )
+        return reach.BAD_INPUT
+    hosts, unmatched = plugin.limited(hosts, args.limit)
+    if unmatched:
+        print(f"gpubox verify: --limit {', '.join(unmatched)} names no host", file=sys.stderr)
         return reach.BAD_INPUT
     found = probe_all(hosts, probe)
     down = {name: why for name, why in found.items() if why is not None}

@@ -13,6 +13,7 @@ timeout). A host that cannot be reached gets one test, ``HOST:unreachable``, tha
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="pyinfra's --group-data: more group data files or directories",
     )
     parser.addoption(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only these hosts, by name (comma separated or repeated; fnmatch patterns)",
+    )
+    parser.addoption(
         "--burn",
         action="store_true",
         default=False,
@@ -91,7 +99,22 @@ def _hosts(config: pytest.Config) -> list[tuple[str, dict[str, Any]]]:
         raise pytest.UsageError(str(exc)) from None
     except inventory.InventoryError as exc:
         raise pytest.UsageError(f"cannot read {path}: {exc}") from None
+    hosts, unmatched = limited(hosts, config.getoption("--limit") or [])
+    if unmatched:
+        raise pytest.UsageError(f"--limit {', '.join(unmatched)} names no host")
     return [h for h in hosts if h[0] not in REPORTED]
+
+
+def limited(
+    hosts: list[tuple[str, dict[str, Any]]], limits: list[str]
+) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The hosts ``limits`` name (fnmatch patterns, comma separated; all hosts when none),
+    and the patterns that name no host."""
+    patterns = [p for limit in limits for p in limit.split(",") if p]
+    if not patterns:
+        return hosts, []
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatch(n, p) for n, _ in hosts)]
+    return [h for h in hosts if any(fnmatch.fnmatch(h[0], p) for p in patterns)], unmatched
 
 
 def unreachable(config: pytest.Config) -> dict[str, str]:

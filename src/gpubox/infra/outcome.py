@@ -64,3 +64,12 @@ def exit_code(path: str, rc: int) -> int:
     if stopped and failed and failed <= stopped:
         return reach.WAITING
     return reach.DEVIATES
+
+
+def failed_hosts(path: str) -> list[str]:
+    """The hosts the run at ``path`` failed (none when it wrote no file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return sorted(str(name) for name in json.load(f)["failed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []

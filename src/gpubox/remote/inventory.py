@@ -43,6 +43,31 @@ def load(
     host's data, over its groups' (the inventory's, ``group_data/`` and ``group_data``'s
     directories: pyinfra's ``--group-data``). Raises InventoryError when the path is no file
     (missing, a directory), when the file raises when run, or when it defines no hosts."""
+    inventory = _make(path, override_data, group_data)
+    try:
+        hosts = [(host.name, host.data.dict()) for host in inventory]
+    except (Exception, SystemExit) as exc:
+        raise InventoryError(path, _describe(exc, path)) from None
+    if not hosts:
+        raise InventoryError(path, f"it defines no hosts; {FORMAT_EXAMPLE}")
+    return hosts
+
+
+def group_members(path: str, group: str, group_data: Sequence[str] = ()) -> list[str] | None:
+    """The names of the hosts in the inventory's group ``group`` (a list of that name in the
+    file), in the inventory's order (pyinfra's); None when the inventory has no such group.
+    Raises InventoryError as ``load`` does."""
+    from pyinfra.api.exceptions import NoGroupError
+
+    inventory = _make(path, None, group_data)
+    try:
+        return [host.name for host in inventory.get_group(group)]
+    except NoGroupError:
+        return None
+
+
+def _make(path: str, override_data: dict[str, Any] | None, group_data: Sequence[str]) -> Any:
+    """pyinfra's own Inventory of the file (see ``load``); raises InventoryError."""
     from pyinfra.api import Config, Inventory, State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -51,18 +76,14 @@ def load(
     # pyinfra executes inventory files inside a state context; this state connects nothing.
     try:
         with ctx_state.use(State(Inventory(([], {})), Config())):
-            inventory = make_inventory(
+            return make_inventory(
                 path,
                 cwd=os.getcwd(),
                 override_data=dict(override_data or {}),
                 group_data_directories=list(group_data) or None,
             )
-        hosts = [(host.name, host.data.dict()) for host in inventory]
     except (Exception, SystemExit) as exc:
         raise InventoryError(path, _describe(exc, path)) from None
-    if not hosts:
-        raise InventoryError(path, f"it defines no hosts; {FORMAT_EXAMPLE}")
-    return hosts
 
 
 def data_overrides(pairs: Sequence[str]) -> dict[str, Any]:

@@ -7,4 +7,5 @@
 - ``desktop``: what a desktop is and what the deploy tells its owner;
 - ``driver_lifecycle``: a host's driver lifecycle note (its branch's end of life, where to move);
 - ``driver_rollback``: did a driver move hold (the driver state before and after, compared).
+- ``canary``: the canaries of `gpubox deploy --canary`, their short bench and its verdict.
 """
