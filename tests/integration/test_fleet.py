@@ -148,6 +148,8 @@ def move(tmp_path, values: dict) -> str:
     assert checks.rc == 0 and checks.failed == 0, checks.output[-4000:]
     again = demo.deploy(inventory=str(inventory))
     assert again.no_change, again.changed_names
+    # held again at the new version (the install changed the held packages)
+    assert {"nvidia-driver-cuda", "nvidia-kernel-dkms"} <= set(box_sh("apt-mark showhold").split())
     print(
         f"\nmove to {values}: deploy with the reboot {run.seconds:.1f} s (boot: {boot}), host "
         f"checks {checked:.1f} s ({checks.passed} passed), second deploy {again.seconds:.1f} s "

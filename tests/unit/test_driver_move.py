@@ -150,6 +150,14 @@ def test_the_kept_repository_is_made_of_checked_files_and_a_changed_one_is_named
     assert oct(repo.stat().st_mode & 0o777) == "0o755"  # apt's sandbox user reads it
     kept = box["kept"] / "570.211.01"
     assert (repo / "Packages").read_text() == (kept / "Packages").read_text()
+    # the fact then reads the build as kept and the repository as made of it: converged
+    fact = driver_move.kept_command(
+        "570.211.01", base=str(box["kept"]), repo=str(repo), src=str(box["tmp"] / "none.list")
+    )
+    state = driver_move.parse_kept(run(fact, box).stdout.splitlines())
+    assert list(state.versions) == ["570.211.01"]
+    assert state.repo == state.versions["570.211.01"] and state.source is None
+    assert "Package: nvidia-driver-cuda" in state.packages
     deb = f"nvidia-driver-cuda_{PV}_amd64.deb"
     assert (repo / deb).stat().st_ino == (kept / deb).stat().st_ino  # the same file
     with open(kept / deb, "ab") as f:

@@ -18,7 +18,6 @@ from gpubox.infra.progress import StreamingCommand
 from gpubox.plans import driver_move
 from gpubox.plans.driver import DriverPlan
 from gpubox.plans.driver_move import KeptState
-from gpubox.preflight.driver_replacement import InstalledDriverBuilds
 
 
 @operation(is_idempotent=False)
@@ -30,15 +29,11 @@ def keep_driver(version: str, package_versions: list[str]):
 
 
 def installed_at_pin(plan: DriverPlan) -> bool:
-    """Whether every root of the plan is installed at the pinned version. The driver builds'
-    fact lists only packages of a driver build's source; a root of another source (the
-    sandbox's nvidia-driver-cuda) is looked up in dpkg's list (the fact answers reads too)."""
-    installed = host.get_fact(InstalledDriverBuilds) or {}
-    other = [n for n in plan.install if installed.get(n, ("", ""))[0] != plan.package_version]
-    if not other:
-        return True
-    debs = host.get_fact(DebPackages) or {}
-    return all(plan.package_version in debs.get(name, []) for name in other)
+    """Whether every root of the plan is installed at the pinned version (dpkg's whole list,
+    as preflight's kept answers read it: a root's source package need not be a driver
+    build's, NVIDIA's nvidia-driver-cuda)."""
+    installed = host.get_fact(DebPackages) or {}
+    return all(plan.package_version in installed.get(name, ()) for name in plan.install)
 
 
 def kept_source(config: HostConfig, kept: KeptState, install: bool) -> Any:

@@ -138,11 +138,18 @@ def keep_command(
     )
 
 
-def kept_command(version: str) -> str:
+def kept_command(
+    version: str,
+    *,
+    base: str = layout.DRIVER_KEPT_DIR,
+    repo: str = layout.DRIVER_KEPT_REPO,
+    src: str = layout.DRIVER_KEPT_SOURCE,
+) -> str:
     """The kept builds (``KEPT version sha256-of-SHA256SUMS`` per complete directory), the
     kept repository's SHA256SUMS digest (``REPO``), the kept source file's line (``SOURCE``),
-    and ``version``'s Packages stanzas after ``PACKAGES`` when it is kept."""
-    k, repo, src = layout.DRIVER_KEPT_DIR, layout.DRIVER_KEPT_REPO, layout.DRIVER_KEPT_SOURCE
+    and ``version``'s Packages stanzas after ``PACKAGES`` when it is kept. (``base``,
+    ``repo``, ``src``: the paths, for the tests.)"""
+    k = base
     q = shlex.quote
     return (
         f"{KEPT_MARK}\n"
