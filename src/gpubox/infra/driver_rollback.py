@@ -6,8 +6,9 @@ The operation runs its checks when it executes, after the move's reboot (its com
 yielded one by one, each after the one before ran): the state before the move was read by the
 driver stage from facts, before any change. On a failure it rolls back (the script of
 gpubox.plans.driver_rollback), reboots (gpubox.infra.operations.reboot_commands), checks again
-against the old version, and fails the host either way with what failed: the rest of the
-deploy does not run for that host, and ``gpubox deploy`` exits 1.
+against the old version, and fails the host either way with what failed (a callback that
+returns False: no traceback): the rest of the deploy does not run for that host, and
+``gpubox deploy`` exits 1.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shlex
 from typing import Any
 
 from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand, OperationError, StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from gpubox.infra.operations import reboot_commands
 from gpubox.rules import driver_rollback as judge
@@ -31,9 +32,12 @@ def read_failures(on: Any, before: judge.DriverState, version: str) -> list[str]
     return judge.failures(before, judge.state_from(text), version)
 
 
-def _stop(on: Any, message: str) -> None:
+def _stop(on: Any, message: str) -> bool:
+    """Fail the host with ``message``: a FunctionCommand of (state, host) returning False fails
+    its operation as a failed command does (a raised exception would add pyinfra's traceback
+    and "Unexpected error in Python callback" under the message)."""
     on.log_styled(message, fg="red", log_func=logger.error)
-    raise OperationError(message)
+    return False
 
 
 @operation(is_idempotent=False)
@@ -63,8 +67,8 @@ def verify_driver_move(
     why = "; ".join(found[-1]) if found else f"driver {new}: (the checks' findings)"
     if rollback is None:
 
-        def _fail(state: Any, host: Any) -> None:
-            _stop(host, f"{host.name}: {why}. {no_rollback}")
+        def _fail(state: Any, host: Any) -> bool:
+            return _stop(host, f"{host.name}: {why}. {no_rollback}")
 
         yield FunctionCommand(_fail, (), {})
         return
@@ -84,15 +88,15 @@ def verify_driver_move(
 
     yield FunctionCommand(_check_old, (), {})
 
-    def _rolled_back(state: Any, host: Any) -> None:
+    def _rolled_back(state: Any, host: Any) -> bool:
         if again[-1]:
-            _stop(
+            return _stop(
                 host,
                 f"{host.name}: {why}. The box was rolled back to driver {old} and rebooted, "
                 f"but {old} fails its checks too: {'; '.join(again[-1])}. The box serves "
                 f"no GPU: look at it (gpubox doctor), then deploy again",
             )
-        _stop(
+        return _stop(
             host,
             f"{host.name}: {why}. The box is back on driver {old} (its kept packages, "
             f"pinned and held), rebooted and passing the driver checks; the rest of the "
