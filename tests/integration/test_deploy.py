@@ -15,6 +15,7 @@ from gpubox.base.layout import DCGM_EXPORTER, DCGM_EXPORTER_UNIT_FILE
 from gpubox.commands import demo
 from gpubox.config import load_host_config
 from gpubox.knowledge import exporter_label
+from gpubox.sandbox.repo_driver import NEWER_580
 from gpubox.sandbox.standin import state as standin_state
 from gpubox.stages.driver import PIN_FILE
 
@@ -75,13 +76,17 @@ def test_drift_to_580_and_persistence_off_is_detected_then_repaired():
     assert set(packages) <= set(box_sh("apt-mark showhold").split())
     box_sh("apt-mark unhold " + " ".join(packages))
     # Force the 580 stand-ins in, as a careless admin would: the pin moved away, then an
-    # `apt install` of the newer driver (its exactly versioned dependencies follow).
+    # `apt install` of the newest driver (its exactly versioned dependencies follow). The
+    # newest: with the pin gone, apt's candidates for those dependencies are the newest build's
+    # (the sandbox's invented NEWER_580), and an older 580 asked by version alone is refused as
+    # "held broken packages".
+    drift = f"{NEWER_580}-1"
     box_sh(f"mv {PIN_FILE} /root/pin.bak")
     box_sh(
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
-        + " ".join(f"{p}=580.105.08-1" for p in packages)
+        + " ".join(f"{p}={drift}" for p in packages)
     )
-    assert box_sh("dpkg-query -W -f='${Version}' nvidia-smi") == "580.105.08-1"
+    assert box_sh("dpkg-query -W -f='${Version}' nvidia-smi") == drift
     box_sh("systemctl stop nvidia-persistenced")
     checks = demo.checks()
     failed = failed_checks(checks)
@@ -93,7 +98,7 @@ def test_drift_to_580_and_persistence_off_is_detected_then_repaired():
         "driver.loaded",
     ):
         assert name in failed, f"{name} did not fail:\n{checks.output[-4000:]}"
-    assert "580.105.08-1" in failed["driver.version"]
+    assert drift in failed["driver.version"]
 
     run = demo.deploy()
     assert run.rc == 0 and not run.failed_hosts, run.output[-3000:]
