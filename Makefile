@@ -9,7 +9,7 @@ HOST_PACKAGES := debootstrap systemd-container dpkg-dev apt-utils gnupg openssh-
 	iproute2 socat curl gcc g++ ccache cmake ninja-build
 SRC := src tests deploy inventories benchmarks
 
-.PHONY: all venv host-packages lint unit ops resolver integration test demo demo-down bench clean
+.PHONY: all venv host-packages promtool lint unit ops resolver integration test demo demo-down bench clean
 
 all: test
 
@@ -29,12 +29,17 @@ host-packages:
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
 
+# promtool, for the alert rules' tests: Debian 12's prometheus package downloaded and unpacked
+# under the cache, never installed (it would start a daemon on :9090); .ci/promtool says how.
+promtool: host-packages
+	@.ci/promtool >/dev/null
+
 lint: venv
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)
 	$(BIN)/mypy src
 
-unit: venv host-packages
+unit: venv host-packages promtool
 	$(BIN)/pytest -q tests/unit
 
 ops: venv
@@ -52,7 +57,7 @@ integration: venv host-packages
 # its time waiting on its box (about half of the two cores idle): it saves the unit tier's
 # five minutes of wall time. Its output is printed when both have ended; either failing
 # fails the target.
-test: lint ops resolver venv host-packages
+test: lint ops resolver venv host-packages promtool
 	@rm -f .unit-tier.log; \
 	( $(BIN)/pytest -q tests/unit --durations=15 > .unit-tier.log 2>&1 ) & unit=$$!; \
 	echo "unit tier: running beside the integration tier (PID $$unit), output at the end"; \

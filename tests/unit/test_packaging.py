@@ -22,6 +22,7 @@ PROBE = textwrap.dedent(
     names = sorted(p.name for p in TEMPLATES.glob("*.j2"))
     assert names, TEMPLATES
     assert (FILES / "blacklist-nouveau.conf").is_file(), FILES
+    assert (FILES / "monitoring" / "alerts.yml").is_file(), FILES
     assert (where / "deploy" / "burnin.py").is_file()
     text = render("nvidia-persistenced-wanted.conf.j2")
     assert "nvidia-persistenced" in text
