@@ -174,9 +174,7 @@ def exposition(samples: Iterable[Sample]) -> str:
         if metric is None:
             raise ValueError(f"{name} is not one of gpubox's metrics (knowledge/metrics.py)")
         if set(labels) != set(metric.labels):
-            raise ValueError(
-                f"{name} takes the labels {list(metric.labels)}, got {sorted(labels)}"
-            )
+            raise ValueError(f"{name} takes the labels {list(metric.labels)}, got {sorted(labels)}")
         pairs = ",".join(f'{k}="{_escape(labels[k])}"' for k in metric.labels)
         series = f"{name}{{{pairs}}}" if pairs else name
         by_metric.setdefault(name, []).append(f"{series} {_number(value)}")
