@@ -35,10 +35,10 @@ def test_the_names_are_unique() -> None:
 def test_exposition_writes_help_and_type_once_in_the_tables_order() -> None:
     text = metrics.exposition(
         [
-            ("gpubox_watchdog_restarts_total", {"unit": "gpubox-llama-server.service"}, 2),
+            ("gpubox_watchdog_restarts_total", {"unit": "gpubox-llama-server"}, 2),
             ("gpubox_gpus_expected", {}, 2),
             ("gpubox_model_download_bytes", {"model": 'a "b"\\c'}, 1.5e9),
-            ("gpubox_watchdog_restarts_total", {"unit": "gpubox-vllm.service"}, 0),
+            ("gpubox_watchdog_restarts_total", {"unit": "gpubox-vllm"}, 0),
         ]
     )
     assert text == (
@@ -48,8 +48,8 @@ def test_exposition_writes_help_and_type_once_in_the_tables_order() -> None:
         "# HELP gpubox_watchdog_restarts_total Restarts of the API server's unit by gpubox's "
         "watchdog.\n"
         "# TYPE gpubox_watchdog_restarts_total counter\n"
-        'gpubox_watchdog_restarts_total{unit="gpubox-llama-server.service"} 2\n'
-        'gpubox_watchdog_restarts_total{unit="gpubox-vllm.service"} 0\n'
+        'gpubox_watchdog_restarts_total{unit="gpubox-llama-server"} 2\n'
+        'gpubox_watchdog_restarts_total{unit="gpubox-vllm"} 0\n'
         "# HELP gpubox_model_download_bytes Bytes of the model's file downloaded so far.\n"
         "# TYPE gpubox_model_download_bytes gauge\n"
         'gpubox_model_download_bytes{model="a \\"b\\"\\\\c"} 1500000000\n'

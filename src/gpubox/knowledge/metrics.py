@@ -15,6 +15,8 @@ The contract with the monitoring stage (issue 31 A), which writes and scrapes th
 - **The file.** These metrics are written to one file, ``TEXTFILE_NAME``, in the node
   exporter's textfile directory (Debian's package reads /var/lib/prometheus/node-exporter),
   written whole to a temporary name and renamed, as the collector asks.
+- **The ``unit`` label** is the backend's unit as the watchdog names it
+  (``base/layout.py``'s ``BACKEND_UNITS``: ``gpubox-llama-server``, ``gpubox-vllm``).
 - **Counters stay counters.** ``gpubox_watchdog_restarts_total`` and
   ``gpubox_watchdog_probe_failures_total`` are written from the start at 0 and only grow
   (kept in the watchdog's state file), so that ``increase()`` sees the first restart.
