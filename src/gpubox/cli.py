@@ -83,8 +83,12 @@ def _report_by_host(
     over every host's data, as pyinfra's ``--data`` is; a problem with a key of theirs says
     where the value came from: ``origins[key]``, by default ``--data KEY=VALUE``."""
     counts = {}
-    for name, data in hosts:
-        _, problems = config.validate(name, {**data, **overrides})
+    found = {name: config.validate(name, {**data, **overrides}) for name, data in hosts}
+    configs = {name: c for name, (c, _) in found.items() if c is not None}
+    # the rules that need every host (gpubox.config.monitoring_rules), once each host is valid
+    fleet = config.fleet_problems(configs) if len(configs) == len(found) else []
+    for name in found:
+        problems = found[name][1] + [p for p in fleet if p.host == name]
         errors = warned = 0
         for problem in problems:
             if problem.severity == "error" or warnings:

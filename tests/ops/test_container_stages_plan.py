@@ -260,6 +260,12 @@ def test_dcgm_exporter_reads_the_hosts_engine_named_by_the_hosts_name(tmp_path):
     assert docker[:2] == ["run", "--rm"]
     assert "--network" in docker and docker[docker.index("--network") + 1] == "host"
     assert "-p" not in docker and "--cap-add" not in docker  # no mapping; no embedded engine
+    # gpubox's counters file (issue 31 A), mounted read-only where -f names it
+    assert exporter[:2] == ["-f", "/etc/dcgm-exporter/gpubox-counters.csv"]
+    assert docker[docker.index("--volume") + 1] == (
+        "/etc/gpubox/dcgm-counters.csv:/etc/dcgm-exporter/gpubox-counters.csv:ro"
+    )
+    exporter = exporter[2:]
     assert exporter == [
         "--address", "127.0.0.1:9500", "--remote-hostengine-info", "gpu-07:5555",
     ]  # fmt: skip

@@ -57,6 +57,7 @@ CONFIGS = {
             "dcgm_exporter": True,
             "docker_users": ["alice"],
             "panel": "1panel",
+            "monitoring": "prometheus",
         },
     ),
 }
@@ -74,6 +75,10 @@ SKIPPED = {
         "panel.socket",
         "panel.login",
         "panel.settings",
+        "monitoring.node-exporter",
+        "monitoring.services",
+        "monitoring.targets",
+        "monitoring.rules",
     },
     "vllm": {
         "backend.slots",
@@ -589,6 +594,26 @@ FAULTS: dict[str, Fault] = {
         "vllm",
     ),
     "panel.settings": Fault("panel", replace("user=gpubox", "user=admin"), "vllm"),
+    "monitoring.node-exporter": Fault("monitor", replace("gpubox_gpus_expected 2\n", ""), "vllm"),
+    "monitoring.services": Fault(
+        "monitor",
+        replace(
+            "Id=prometheus.service\nLoadState=loaded\nActiveState=active",
+            "Id=prometheus.service\nLoadState=loaded\nActiveState=failed",
+        ),
+        "vllm",
+    ),
+    "monitoring.targets": Fault(
+        "monitor",
+        replace(
+            '"scrapeUrl": "http://127.0.0.1:9400/metrics", "health": "up"',
+            '"scrapeUrl": "http://127.0.0.1:9400/metrics", "health": "down"',
+        ),
+        "vllm",
+    ),
+    "monitoring.rules": Fault(
+        "monitor", replace('{"name": "NvlinkDown", ', '{"name": "NvlinkDownX", '), "vllm"
+    ),
     "vllm.container": Fault(
         "vllm_inspect", edit_json(_set("0.Config.Image", "vllm/vllm-openai:latest")), "vllm"
     ),

@@ -101,6 +101,45 @@ WATCHDOG_CONVERGED = section(
 )
 
 
+def monitor_converged() -> str:
+    """gpubox.checks.monitoring's fact on a converged monitor: its three units active and
+    enabled, gpubox's lines of the node exporter's /metrics, Prometheus's targets all up and
+    every shipped rule loaded (the JSON shapes of Prometheus 2.42's /api/v1/targets and
+    /api/v1/rules, trimmed to the fields the checks read)."""
+    from gpubox.checks.monitoring import UNITS, shipped_rules
+
+    unit = "Id={}.service\nLoadState=loaded\nActiveState=active\nUnitFileState=enabled\n"
+    targets = [
+        {
+            "labels": {"host": "box", "job": job, "instance": address},
+            "scrapeUrl": f"http://{address}/metrics",
+            "health": "up",
+            "lastError": "",
+        }
+        for job, address in (
+            ("node", "127.0.0.1:9100"),
+            ("dcgm", "127.0.0.1:9400"),
+            ("backend", "127.0.0.1:8080"),
+        )
+    ]
+    rules = [{"name": name, "type": "alerting", "health": "ok"} for name in shipped_rules()]
+    return (
+        section("units", "\n".join(unit.format(u) for u in UNITS))
+        + section("node", "gpubox_gpus_expected 2\ngpubox_output_tokens_per_second_floor 5\n")
+        + section(
+            "targets",
+            json.dumps({"status": "success", "data": {"activeTargets": targets}}) + "\n",
+        )
+        + section(
+            "rules",
+            json.dumps(
+                {"status": "success", "data": {"groups": [{"name": "gpubox", "rules": rules}]}}
+            )
+            + "\n",
+        )
+    )
+
+
 def systemctl_show(states: dict[str, str]) -> str:
     """`systemctl show -p Id,LoadState,ActiveState,UnitFileState UNIT...` for gpubox's units:
     each unit's state ("missing": not installed; absent: inactive)."""
@@ -405,6 +444,7 @@ def converged_outputs(config: HostConfig = CONFIG) -> dict[str, str]:
         "model_state": f"marker={plan.stamp} {MODEL_STAT}\nfile={MODEL_STAT}\n",
         "watchdog": WATCHDOG_CONVERGED,
         "panel": panel_converged(config),
+        "monitor": monitor_converged(),
         **api_outputs(config),
         **vllm_outputs(config),
     }
@@ -561,6 +601,10 @@ def test_a_converged_box_is_ok_and_every_command_runs_once(host: StandinHost):
         "vllm.container",
         "vllm.caches",
         "vllm.warm",
+        "monitoring.node-exporter",
+        "monitoring.services",
+        "monitoring.targets",
+        "monitoring.rules",
         "panel.services",
         "panel.socket",
         "panel.login",

@@ -428,6 +428,10 @@ IO_MODULES = (
 IO_ALLOWED: dict[str, str] = {
     "gpubox.knowledge.watchdog": "it is also the program the box's watchdog timer runs (the "
     "standard library only): its probes and systemctl run on the box, never in gpubox",
+    "gpubox.knowledge.metrics_relay": "it is the program the box's metrics relay unit runs (the "
+    "standard library only): it serves and reads HTTP on the box, never in gpubox",
+    "gpubox.knowledge.render_secrets": "it is the program the monitoring stage runs on the box "
+    "(the standard library only): it reads the secrets' files and systemd there, never in gpubox",
 }
 # Below the pyinfra facts and operations nothing imports pyinfra at its top, so importing the
 # checks, the bench or doctor imports none of it; each exception says why.

@@ -105,6 +105,34 @@ WATCHDOG_SCRIPT = "/usr/local/lib/gpubox/gpubox-watchdog"
 WATCHDOG_CONFIG = "/etc/gpubox/watchdog.json"  # its settings (no secret: the key stays in its file)
 WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"
 
+# --- monitoring (gpubox.stages.monitoring, docs/monitoring.md). The node exporter's textfile
+# directory is Debian's and Ubuntu's package default; gpubox's textfiles are one per writer.
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+TEXTFILE_CONFIG = f"{TEXTFILE_DIR}/gpubox-config.prom"  # the monitoring stage's: keys' values
+BOX_METRICS_CONFIG = "/etc/gpubox/box-metrics.json"
+NODE_EXPORTER = "prometheus-node-exporter"  # the distribution's units and /etc/default files
+PROMETHEUS = "prometheus"
+ALERTMANAGER = "prometheus-alertmanager"
+NODE_EXPORTER_DEFAULTS = f"/etc/default/{NODE_EXPORTER}"
+PROMETHEUS_DEFAULTS = f"/etc/default/{PROMETHEUS}"
+ALERTMANAGER_DEFAULTS = f"/etc/default/{ALERTMANAGER}"
+PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
+PROMETHEUS_RULES = "/etc/prometheus/gpubox-alerts.yml"  # files/monitoring/alerts.yml as it is
+ALERTMANAGER_CONFIG = "/etc/prometheus/alertmanager.yml"  # rendered on the box (its secrets)
+# alertmanager.yml without its secrets (root-only): the box renders ALERTMANAGER_CONFIG from it
+ALERTMANAGER_TEMPLATE = "/etc/gpubox/alertmanager.yml.in"
+ALERTMANAGER_RENDER = "/usr/local/lib/gpubox/gpubox-render-secrets"
+# the monitor's own backend's API key, copied for Prometheus (0640 root:<Prometheus's group>)
+PROMETHEUS_API_KEY = "/etc/prometheus/gpubox-api-key"
+# the metrics relay: another box's monitor reads the backend's /metrics through it
+METRICS_RELAY = "gpubox-metrics-relay"
+METRICS_RELAY_UNIT_FILE = unit_file(METRICS_RELAY)
+METRICS_RELAY_SCRIPT = "/usr/local/lib/gpubox/gpubox-metrics-relay"
+METRICS_RELAY_CONFIG = "/etc/gpubox/metrics-relay.json"  # no secret: the key stays in its file
+# dcgm-exporter's counters file: on the host, and where the container sees it (read-only)
+DCGM_COUNTERS = "/etc/gpubox/dcgm-counters.csv"
+DCGM_COUNTERS_IN_CONTAINER = "/etc/dcgm-exporter/gpubox-counters.csv"
+
 # --- the optional server panel, 1Panel v2 (gpubox.stages.panel, docs/panel.md). Its own
 # paths are the installer's (1Panel-dev/installer install.sh); gpubox keeps its secrets and
 # the downloaded package.

@@ -7,7 +7,7 @@ One set of checks on a box, used by ``pytest tests/host``, ``gpubox doctor`` and
 - ``facts``: every command a check or doctor reads on a host, and its parser (a read the
   deploy's pyinfra facts make too is gpubox.knowledge.reads', ``Fact.of``).
 - ``driver``, ``secure_boot``, ``cuda``, ``docker``, ``dcgm``, ``tools``, ``backend``,
-  ``watchdog``, ``panel``: the checks, by stage.
+  ``watchdog``, ``monitoring``, ``panel``: the checks, by stage.
 
 A check's id is "area.what" (``driver.held``); ``ALL`` lists them in stage order."""
 
@@ -31,6 +31,7 @@ from gpubox.checks.cuda import CHECKS as _CUDA
 from gpubox.checks.dcgm import CHECKS as _DCGM
 from gpubox.checks.docker import CHECKS as _DOCKER
 from gpubox.checks.driver import CHECKS as _DRIVER
+from gpubox.checks.monitoring import CHECKS as _MONITORING
 from gpubox.checks.panel import CHECKS as _PANEL
 from gpubox.checks.secure_boot import CHECKS as _SECURE_BOOT
 from gpubox.checks.tools import CHECKS as _TOOLS
@@ -46,6 +47,7 @@ ALL: list[Check] = [
     *_TOOLS,
     *_BACKEND,
     *_WATCHDOG,
+    *_MONITORING,
     *_PANEL,
 ]
 BY_ID = {check.id: check for check in ALL}

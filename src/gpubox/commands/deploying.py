@@ -56,6 +56,9 @@ FULL_STAGES = (
     "backend",
     # after the server: the timer that restarts it when it hangs (docs/watchdog.md)
     "watchdog",
+    # the optional monitoring (docs/monitoring.md): after the backend and its watchdog, whose
+    # API key and metrics it reads
+    "monitoring",
     # the optional server panel (docs/panel.md), on the Docker of the stages above
     "panel",
     "verify",

@@ -33,9 +33,11 @@ from gpubox.config.host import (
     target_for,
 )
 from gpubox.config.keys import KEYS, KEYS_BY_NAME, LLAMA_SPLIT_MODES, MODEL_REPO, Key
+from gpubox.config.monitoring_rules import fleet_problems
 from gpubox.config.validation import load_host_config, validate
 
 __all__ = [
+    "fleet_problems",
     "KEYS",
     "KEYS_BY_NAME",
     "LLAMA_SPLIT_MODES",

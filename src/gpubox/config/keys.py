@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubox.base import compat
+from gpubox.knowledge import metrics
 
 
 @dataclass(frozen=True)
@@ -505,6 +506,80 @@ KEYS: tuple[Key, ...] = (
         "seconds between the watchdog's one-token completions (0: at every probe)",
         min=0,
         max=86400,
+    ),
+    # Stage monitoring (gpubox.stages.monitoring, docs/monitoring.md): a host with monitoring
+    # "prometheus" is the fleet's monitor, and every host of the inventory is then monitored.
+    Key(
+        "monitoring",
+        str,
+        "none",
+        "'prometheus': this host is the fleet's monitor (Prometheus, Alertmanager, the alert "
+        "rules), and every host of the inventory gets the node exporter and is scraped "
+        "(docs/monitoring.md)",
+        choices=("none", "prometheus"),
+    ),
+    Key(
+        "monitoring_interval",
+        int,
+        30,
+        "seconds between the monitor's scrapes and between its rule evaluations",
+        min=1,
+        max=3600,
+    ),
+    Key(
+        "monitoring_retention",
+        str,
+        "15d",
+        "how long the monitor keeps its samples (Prometheus's --storage.tsdb.retention.time: "
+        "a number and one of s m h d w y)",
+    ),
+    *_listen_keys("prometheus_address", "prometheus_port", "Prometheus (on the monitor)", 9090),
+    *_listen_keys(
+        "alertmanager_address", "alertmanager_port", "Alertmanager (on the monitor)", 9093
+    ),
+    *_listen_keys("node_exporter_address", "node_exporter_port", "the node exporter", 9100),
+    *_listen_keys(
+        "metrics_relay_address",
+        "metrics_relay_port",
+        "the metrics relay (the backend's /metrics for a monitor on another box)",
+        9401,
+    ),
+    Key(
+        "monitoring_targets",
+        dict,
+        {},
+        "where the monitor reaches this box's exporters, by job (node, dcgm, backend) as "
+        "'HOST:PORT', instead of the derived address (NAT, tunnels, the sandbox's bridges)",
+    ),
+    Key(
+        "output_tokens_per_second_floor",
+        (int, float),
+        metrics.OUTPUT_TOKENS_PER_SECOND_FLOOR,
+        "output tokens/s per request below which a box serving requests fires "
+        "OutputTokensPerSecondLow",
+        min=0,
+        normalize=float,
+    ),
+    Key(
+        "alert_webhook_url_file",
+        str,
+        None,
+        "on the monitor: a root-only file holding the URL Alertmanager posts alerts to",
+    ),
+    Key("alert_email_to", str, None, "on the monitor: the address Alertmanager mails alerts to"),
+    Key("alert_email_from", str, None, "on the monitor: the alerts' From address"),
+    Key(
+        "alert_smtp_smarthost",
+        str,
+        None,
+        "on the monitor: the SMTP server alerts are sent through, as 'HOST:PORT'",
+    ),
+    Key("alert_smtp_username", str, None, "on the monitor: the SMTP login (none: no login)"),
+    Key(
+        "alert_smtp_password_file",
+        str,
+        None,
+        "on the monitor: a root-only file holding the SMTP password",
     ),
     # The optional server panel (gpubox.stages.panel, docs/panel.md)
     Key(

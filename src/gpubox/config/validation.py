@@ -14,6 +14,7 @@ from gpubox.base import compat
 from gpubox.config.backend_rules import backend_problems
 from gpubox.config.host import ConfigError, HostConfig, Problem
 from gpubox.config.keys import KEYS, KEYS_BY_NAME, Key
+from gpubox.config.monitoring_rules import monitoring_problems
 from gpubox.knowledge import driver_lifecycle, modelscope
 
 
@@ -174,6 +175,7 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
     problems += backend_problems(host, values, host_catalog, invalid)
     problems += _docker_users_problems(host, values, valid)
     problems += _panel_problems(host, data, values, valid)
+    problems += monitoring_problems(host, values, valid)
     problems += _advice(host, data, values, valid)
 
     errors = [p for p in problems if p.severity == "error"]

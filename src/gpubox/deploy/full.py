@@ -17,6 +17,7 @@ from gpubox.stages.dcgm import dcgm
 from gpubox.stages.docker import docker
 from gpubox.stages.driver import driver
 from gpubox.stages.model import model_download
+from gpubox.stages.monitoring import monitoring
 from gpubox.stages.panel import panel
 from gpubox.stages.tools import tools
 from gpubox.stages.verify import verify
@@ -36,6 +37,7 @@ STAGES = {
         tools,
         backend,
         watchdog,
+        monitoring,
         panel,
         verify,
     )

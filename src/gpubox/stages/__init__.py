@@ -15,10 +15,10 @@ from pyinfra import host, inventory
 from pyinfra.context import ctx_host
 
 from gpubox.base.errors import DeployRefused, HostRefused, HostStopped
-from gpubox.config import HostConfig, Problem, validate
+from gpubox.config import HostConfig, Problem, fleet_problems, validate
 from gpubox.infra import outcome, readahead
 
-__all__ = ["current_config", "run_stages"]
+__all__ = ["all_configs", "current_config", "run_stages"]
 
 
 def run_stages(*stages: Callable[[], object]) -> None:
@@ -56,9 +56,24 @@ def current_config() -> HostConfig:
         errors.extend(p for p in problems if p.severity == "error")
         if config is not None:
             configs[each.name] = config
+    if not errors:  # the rules that need every host (monitoring: gpubox.config.monitoring_rules)
+        errors.extend(p for p in fleet_problems(configs) if p.severity == "error")
     if errors:
         lines = "\n".join(f"  - {p}" for p in errors)
         raise DeployRefused(
             f"invalid inventory, nothing was changed ({len(errors)} problem(s)):\n{lines}"
         )
     return configs[host.name]
+
+
+def all_configs() -> dict[str, HostConfig]:
+    """Every host of the inventory's config, in inventory order: the whole inventory, even
+    under --limit (pyinfra's ``inventory`` holds every host; --limit only chooses those a run
+    acts on), so a stage that describes the fleet (the monitor's scrape configuration) writes
+    the same file whichever hosts a run is limited to. Call after ``current_config``."""
+    configs = {}
+    for each in inventory:
+        config, _ = validate(each.name, each.data.dict())
+        if config is not None:
+            configs[each.name] = config
+    return configs

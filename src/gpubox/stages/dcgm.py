@@ -11,7 +11,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
 from gpubox.base import layout
-from gpubox.base.rendering import render
+from gpubox.base.rendering import FILES, render
 from gpubox.config import HostConfig
 from gpubox.infra.host_facts import CommandOutput
 from gpubox.infra.operations import ManagedFiles
@@ -44,7 +44,15 @@ def exporter_unit(config: HostConfig) -> str:
         hostengine=listen_address(HOSTENGINE_ADDRESS, HOSTENGINE_PORT),
         engine_address=HOSTENGINE_ADDRESS,
         engine_port=HOSTENGINE_PORT,
+        counters=layout.DCGM_COUNTERS,
+        counters_in=layout.DCGM_COUNTERS_IN_CONTAINER,
     )
+
+
+def counters_text() -> str:
+    """gpubox's counters file (files/monitoring/dcgm-counters.csv): the exporter's defaults
+    and the counters the alert rules read."""
+    return (FILES / "monitoring" / "dcgm-counters.csv").read_text(encoding="utf-8")
 
 
 @deploy("DCGM")
@@ -63,6 +71,7 @@ def dcgm() -> None:
     image = catalog["exporter_image"]
     if config.dcgm_exporter:
         files[layout.DCGM_EXPORTER_UNIT_FILE] = exporter_unit(config)
+        files[layout.DCGM_COUNTERS] = counters_text()
     managed = ManagedFiles(files)
     pin = managed.put("Pin DCGM to one version", layout.DCGM_PIN)
     nvidia_repo(config, target, also_changed=[pin])
@@ -91,7 +100,8 @@ def dcgm() -> None:
             server.shell(
                 name=f"Pull {image} (once)", commands=[f"docker pull {shlex.quote(image)}"]
             )
+        counters = managed.put("dcgm-exporter's counters", layout.DCGM_COUNTERS)
         unit = managed.put("dcgm-exporter unit", layout.DCGM_EXPORTER_UNIT_FILE)
         units.reload_units(unit, label="dcgm-exporter")
-        units.keep_running(layout.DCGM_EXPORTER, "dcgm-exporter", unit)
+        units.keep_running(layout.DCGM_EXPORTER, "dcgm-exporter", unit, counters)
     answers.keep_answers()  # this run's answers, kept (only if they changed)
