@@ -28,7 +28,9 @@ def _url(address: str, port: int, path: str) -> str:
 
 
 def _curl(url: str) -> str:
-    return f"curl -fsS --max-time 10 {url}"
+    """The answer, and a line end: Prometheus's JSON has none, and the next section's marker
+    must start a line of its own."""
+    return f"curl -fsS --max-time 10 '{url}'; echo"
 
 
 def _monitor(config: HostConfig, target: Any) -> str | None:
@@ -41,7 +43,8 @@ def _monitor(config: HostConfig, target: Any) -> str | None:
             reads.UNIT_STATES.command_for(*UNITS),
             section("node"),
             # gpubox's lines only: the node exporter's whole page is a few hundred kB
-            f"{_curl(_url(config.node_exporter_address, config.node_exporter_port, '/metrics'))}"
+            "curl -fsS --max-time 10 "
+            f"'{_url(config.node_exporter_address, config.node_exporter_port, '/metrics')}'"
             " | grep '^gpubox_'",
             section("targets"),
             _curl(_url(*prometheus, "/api/v1/targets?state=active")),

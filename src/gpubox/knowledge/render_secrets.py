@@ -42,13 +42,17 @@ def read_file(path: str) -> str:
 
 
 def service_group(unit: str) -> int:
-    """The primary group of the user ``unit`` runs as (root's when it sets none)."""
-    user = subprocess.run(
-        ["systemctl", "show", "--property=User", "--value", unit],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    """The primary group of the user ``unit`` runs as (root's when it sets none, or when there
+    is no systemd to ask)."""
+    try:
+        user = subprocess.run(
+            ["systemctl", "show", "--property=User", "--value", unit],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        return 0
     return pwd.getpwnam(user).pw_gid if user else 0
 
 

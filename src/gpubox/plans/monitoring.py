@@ -300,3 +300,20 @@ def config_samples(config: HostConfig) -> list[metrics.Sample]:
 
 def config_textfile(config: HostConfig) -> str:
     return metrics.exposition(config_samples(config))
+
+
+def wait_command(config: HostConfig) -> str:
+    """After Prometheus (re)starts or reloads: wait until it is ready and has scraped every
+    target once (none "unknown"), so that the deploy's final checks judge the targets' real
+    health. Bounded: two scrape intervals and a minute; a timeout says what it waited for."""
+    base = f"http://{bracket(local(config.prometheus_address))}:{config.prometheus_port}"
+    limit = 2 * config.monitoring_interval + 60
+    return (
+        f"for i in $(seq {limit}); do "
+        f"if curl -fsS --max-time 5 {base}/-/ready >/dev/null 2>&1 && "
+        f"curl -fsS --max-time 5 '{base}/api/v1/targets?state=active' 2>/dev/null "
+        "| grep -q '\"activeTargets\":\\[{' && "
+        f"! curl -fsS --max-time 5 '{base}/api/v1/targets?state=active' 2>/dev/null "
+        '| grep -q \'"health":"unknown"\'; then exit 0; fi; sleep 1; done; '
+        f"echo 'Prometheus on {base} did not scrape every target within {limit} s' >&2; exit 1"
+    )

@@ -24,7 +24,8 @@ from typing import Any
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, server
 
 from gpubox.base import layout
 from gpubox.base.rendering import FILES, render
@@ -78,13 +79,24 @@ def relay_files(config: HostConfig) -> dict[str, str]:
     }
 
 
-def monitor_files(config: HostConfig, configs: dict[str, HostConfig]) -> dict[str, str]:
+def monitor_files(
+    config: HostConfig, name: str, configs: dict[str, HostConfig], ssh: dict[str, str]
+) -> dict[str, str]:
     return {
         layout.PROMETHEUS_DEFAULTS: plan.prometheus_defaults(config),
         layout.ALERTMANAGER_DEFAULTS: plan.alertmanager_defaults(config),
-        layout.PROMETHEUS_CONFIG: plan.prometheus_yml(host.name, configs, ssh_hosts()),
+        layout.PROMETHEUS_CONFIG: plan.prometheus_yml(name, configs, ssh),
         layout.PROMETHEUS_RULES: rules_text(),
     }
+
+
+def install(name: str, packages: list[str]) -> Any:
+    """The distribution's packages, without their recommends; apt's lists refreshed and the
+    packages installed only when one is missing (a converged box changes nothing)."""
+    installed = host.get_fact(DebPackages)
+    if all(p in installed for p in packages):
+        return None
+    return apt.packages(name=name, packages=packages, no_recommends=True, update=True)
 
 
 def python3() -> None:
@@ -107,14 +119,8 @@ def node(config: HostConfig, relay: bool) -> None:
     """The node exporter, gpubox's textfile and timer, and the relay where one is wanted."""
     managed = ManagedFiles(node_files(config))
     defaults = managed.put("The node exporter's arguments", layout.NODE_EXPORTER_DEFAULTS)
-    installed = apt.packages(
-        name="Install the node exporter (the distribution's)",
-        packages=NODE_PACKAGES,
-        no_recommends=True,
-        update=True,
-        cache_time=3600,
-    )
-    files.directory(name="The textfile directory", path=layout.TEXTFILE_DIR, present=True)
+    installed = install("Install the node exporter (the distribution's)", NODE_PACKAGES)
+    # the package makes the textfile directory; the upload makes it too where it is gone
     managed.put("gpubox-config.prom (the keys' values)", layout.TEXTFILE_CONFIG)
     units.keep_running(layout.NODE_EXPORTER, "the node exporter", defaults, installed)
     box_metrics(config)
@@ -190,19 +196,15 @@ def alertmanager_config(config: HostConfig) -> Any:
 
 
 def monitor(config: HostConfig, configs: dict[str, HostConfig]) -> None:
-    managed = ManagedFiles(monitor_files(config, configs))
+    managed = ManagedFiles(monitor_files(config, host.name, configs, ssh_hosts()))
     prom_args = managed.put("Prometheus's arguments", layout.PROMETHEUS_DEFAULTS)
     am_args = managed.put("Alertmanager's arguments", layout.ALERTMANAGER_DEFAULTS)
     prom_config = managed.put(
         "prometheus.yml (every host of the inventory)", layout.PROMETHEUS_CONFIG
     )
     rules = managed.put("The alert rules", layout.PROMETHEUS_RULES)
-    installed = apt.packages(
-        name="Install Prometheus and Alertmanager (the distribution's)",
-        packages=MONITOR_PACKAGES,
-        no_recommends=True,
-        update=True,
-        cache_time=3600,
+    installed = install(
+        "Install Prometheus and Alertmanager (the distribution's)", MONITOR_PACKAGES
     )
     if not secret_files_present(config):
         return
@@ -223,6 +225,11 @@ def monitor(config: HostConfig, configs: dict[str, HostConfig]) -> None:
         reload=True,
     )
     units.keep_running(layout.ALERTMANAGER, "Alertmanager", am_args, rendered, installed)
+    server.shell(
+        name="Wait for Prometheus's first scrape of every target",
+        commands=[plan.wait_command(config)],
+        _if=units.changed(prom_args, installed, prom_config, rules, key),
+    )
 
 
 @deploy("Monitoring")
