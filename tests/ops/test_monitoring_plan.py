@@ -294,3 +294,38 @@ def test_a_box_monitored_by_another_gets_the_node_exporter_and_the_relay_not_pro
     unit = files[layout.METRICS_RELAY_UNIT_FILE]
     assert "ExecStart=/usr/bin/python3 /usr/local/lib/gpubox/gpubox-metrics-relay " in unit
     assert "/etc/gpubox/metrics-relay.json" in unit and "api-key" not in unit
+
+
+def test_the_stage_runs_after_the_watchdog_in_the_full_deploy():
+    from gpubox.commands.deploying import FULL_STAGES
+
+    assert FULL_STAGES.index("monitoring") == FULL_STAGES.index("watchdog") + 1
+    full = (Path(stage.__file__).parents[1] / "deploy" / "full.py").read_text()
+    assert "        watchdog,\n        monitoring,\n" in full
+
+
+def test_the_dcgm_stage_ships_the_counters_file_and_restarts_the_exporter_when_it_changes(plan_of):
+    from gpubox.base.rendering import FILES
+    from gpubox.stages import dcgm as dcgm_stage
+
+    data = {**REFERENCE, "dcgm_exporter": True}
+    files = uploads(dcgm_stage.dcgm, data, fresh_box("ubuntu2404"))
+    assert files[layout.DCGM_COUNTERS] == (FILES / "monitoring" / "dcgm-counters.csv").read_text()
+    plan = plan_of(dcgm_stage.dcgm, data, fresh_box("ubuntu2404"))
+    names = short(plan.names)
+    assert names.index("dcgm-exporter's counters") < names.index("dcgm-exporter unit")
+    assert "Restart dcgm-exporter with its new settings" in names
+    # without the exporter, no counters file
+    assert layout.DCGM_COUNTERS not in uploads(dcgm_stage.dcgm, REFERENCE, fresh_box("ubuntu2404"))
+
+
+def test_a_deploy_is_refused_before_any_change_when_a_monitored_box_lacks_dcgm_exporter():
+    import pytest
+
+    from gpubox.base.errors import DeployRefused
+
+    boxes = {**BOXES, "@fake/b": {**BOXES["@fake/b"], "dcgm_exporter": False}}
+    with fleet_run(boxes, "@fake/m", limit=["@fake/m"]) as state:
+        with pytest.raises(DeployRefused, match=r"@fake/b: dcgm_exporter: must be true"):
+            stage.monitoring()
+        assert state.get_op_order() == []
