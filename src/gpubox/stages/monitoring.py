@@ -110,7 +110,9 @@ def box_metrics(config: HostConfig) -> None:
     import becomes a plain `from gpubox.ops.box_metrics import box_metrics`."""
     try:
         module = importlib.import_module("gpubox.ops.box_metrics")  # TODO(merge): C writes it
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "gpubox.ops.box_metrics":
+            raise  # the module is there and broken: say so
         return
     module.box_metrics(config)
 
