@@ -428,6 +428,8 @@ IO_MODULES = (
 IO_ALLOWED: dict[str, str] = {
     "gpubox.knowledge.watchdog": "it is also the program the box's watchdog timer runs (the "
     "standard library only): its probes and systemctl run on the box, never in gpubox",
+    "gpubox.knowledge.box_metrics": "it is also the program the box's gpubox-box-metrics timer "
+    "runs (the standard library only): its dpkg-query and reads run on the box, never in gpubox",
 }
 # Below the pyinfra facts and operations nothing imports pyinfra at its top, so importing the
 # checks, the bench or doctor imports none of it; each exception says why.
