@@ -18,16 +18,16 @@ from pyinfra import host, inventory
 from pyinfra.operations import apt
 
 from gpubox.base import layout
+from gpubox.base.errors import DeployRefused
 from gpubox.base.rendering import render
-from gpubox.config import HostConfig
-from gpubox.infra.host_facts import CommandOutput
+from gpubox.config import HostConfig, target_for
+from gpubox.infra.host_facts import CommandOutput, OsRelease, read_once
 from gpubox.infra.operations import ManagedFiles
 from gpubox.knowledge import box_metrics as program
 from gpubox.knowledge import metrics
 from gpubox.ops import units
 from gpubox.plans import checkpoint
 from gpubox.plans import model as model_plan
-from gpubox.preflight import gate as preflight
 
 PYTHON = "/usr/bin/python3"
 # TODO(merge): helper A's base/layout.py has TEXTFILE_DIR and BOX_METRICS_CONFIG; these
@@ -117,7 +117,10 @@ def script_text() -> str:
 def box_metrics(config: HostConfig) -> None:
     """The program, its settings, service and timer on the box; the timer running and
     enabled, restarted only when its interval changed."""
-    target = preflight.run(config)
+    # the OS family names the driver's packages (the stages' preflight read it already)
+    target = target_for(read_once(OsRelease), config.catalog)
+    if target is None:
+        raise DeployRefused(f"{host.name}: box metrics: the OS is not one gpubox supports")
     if not host.get_fact(CommandOutput, command=f"test -x {PYTHON} && echo yes").strip():
         apt.packages(name="python3 for the box metrics", packages=["python3"], update=True)
     code = ManagedFiles({SCRIPT: script_text()}, mode="0755")
