@@ -249,3 +249,22 @@ def test_no_backend_no_model_and_no_driver_package(tmp_path, dpkg):
     text = Path(settings["textfile"]).read_text()
     assert "gpubox_model_download" not in text and "gpubox_reboot_pending 0\n" in text
     assert f'gpubox_model_volume_info{{mountpoint="{tmp_path / "models"}"}} 1\n' in text
+
+
+def test_on_this_machine_dpkg_query_and_the_mount_table_read_as_the_real_tools_say(tmp_path):
+    """The real dpkg-query and /proc/self/mountinfo of the test machine (Debian): dpkg's own
+    package, and the mount point findmnt (util-linux) names for a directory."""
+    import subprocess
+
+    version = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Version}", "dpkg"], capture_output=True, text=True
+    ).stdout
+    assert box_metrics.installed_driver("dpkg") == box_metrics.upstream(version)
+    assert box_metrics.installed_driver("gpubox-no-such-package") is None
+    for directory in (str(tmp_path), "/proc/self", "/"):
+        target = subprocess.run(
+            ["findmnt", "-n", "-o", "TARGET", "--target", directory],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        assert box_metrics.mountpoint(directory, "/proc/self/mountinfo") == target, directory
