@@ -62,3 +62,25 @@ def test_without_the_checks_a_monitored_fleet_still_reports_the_deploys_end(monk
     with fake_host(data, fresh_box("ubuntu2404")) as fake:
         verify.verify()
         assert fake.state.get_op_order() == []
+
+
+def test_the_file_goes_through_pyinfras_own_connection_exactly(tmp_path):
+    """pyinfra's @local connector (its real run_shell_command and quoting): the text read back
+    is the text written, a path with a space and the file's quotes included."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+
+    from gpubox.knowledge import metrics
+
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    (local,) = list(inventory)
+    path = tmp_path / "node exporter" / "gpubox-deploy.prom"
+    assert verify.write_status(local, {}, str(path), True, True) is None
+    assert verify.write_status(local, {}, str(path), False, True) is None
+    text = path.read_text()
+    values = metrics.read_values(text)
+    assert values["gpubox_deploy_last_run_success"] == 0
+    assert values["gpubox_deploy_last_success_timestamp_seconds"] > 0  # kept from the first
+    assert text == verify.status_text(text, False, True, values[verify.DEPLOY_METRICS[0]])
