@@ -126,3 +126,19 @@ def test_the_fleet_is_monitored_when_any_host_is_the_monitor():
         assert box_metrics.monitored()  # pyinfra's inventory
     with fake_host(REFERENCE, fresh_box("ubuntu2404")):
         assert not box_metrics.monitored()
+
+
+def test_a_fleet_no_longer_monitored_stops_the_timer_where_it_is_installed(plan_of):
+    there = {
+        "list-unit-files gpubox-box-metrics.timer": "gpubox-box-metrics.timer enabled enabled",
+        "systemctl show": [
+            "Id=gpubox-box-metrics.timer",
+            "SubState=waiting",
+            "UnitFileState=enabled",
+        ],
+    }
+    plan = plan_of(box_metrics.stop, REFERENCE, fresh_box("ubuntu2404", **there))
+    assert short(plan.names) == ["Stop and disable the box metrics (no monitor in the inventory)"]
+    assert any("systemctl stop gpubox-box-metrics.timer" in c for c in plan.commands)
+    assert any("systemctl disable gpubox-box-metrics.timer" in c for c in plan.commands)
+    assert plan_of(box_metrics.stop, REFERENCE, fresh_box("ubuntu2404")).names == []

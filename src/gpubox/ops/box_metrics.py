@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, inventory
-from pyinfra.operations import apt
+from pyinfra.operations import apt, systemd
 
 from gpubox.base import layout
 from gpubox.base.errors import DeployRefused
@@ -133,3 +133,18 @@ def box_metrics(config: HostConfig) -> None:
     # the program and its settings are read at each run: only the timer's interval needs a
     # restart of the timer
     units.keep_running(TIMER, "the box metrics' timer", timer)
+
+
+def stop() -> None:
+    """The timer stopped and disabled where it is installed: for a host of a fleet that is no
+    longer monitored (the monitoring stage calls it for every host that is not)."""
+    present = host.get_fact(
+        CommandOutput, command=f"systemctl list-unit-files {TIMER} --no-legend"
+    ).strip()
+    if present:
+        systemd.service(
+            name="Stop and disable the box metrics (no monitor in the inventory)",
+            service=TIMER,
+            running=False,
+            enabled=False,
+        )
