@@ -58,6 +58,7 @@ def test_a_fresh_box_gets_the_script_its_settings_and_a_running_timer(plan_of):
         "busy_limit_s": 600,
         "timeout_s": 15,
         "completion_every_s": 120,
+        "textfile": None,
     }
     service = files[layout.WATCHDOG_UNIT_FILE]
     assert "Type=oneshot\n" in service
@@ -69,6 +70,16 @@ def test_a_fresh_box_gets_the_script_its_settings_and_a_running_timer(plan_of):
     timer = files[layout.WATCHDOG_TIMER_FILE]
     assert "OnActiveSec=30\nOnUnitInactiveSec=30\n" in timer
     assert "WantedBy=timers.target" in timer
+
+
+def test_a_monitored_fleets_watchdog_writes_its_textfile(monkeypatch):
+    """With a monitor in the inventory (issue 31), each run writes gpubox-watchdog.prom."""
+    from gpubox.ops import box_metrics
+
+    monkeypatch.setattr(box_metrics, "monitored", lambda hosts=None: True)
+    files = uploads(watchdog_stage.watchdog, REFERENCE, fresh_box("ubuntu2404", **PYTHON_THERE))
+    settings = json.loads(files[layout.WATCHDOG_CONFIG])
+    assert settings["textfile"] == "/var/lib/prometheus/node-exporter/gpubox-watchdog.prom"
 
 
 def script_source() -> str:

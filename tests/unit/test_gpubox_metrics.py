@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_alert_rules import run as promtool_run
 
 from gpubox.knowledge import driver_lifecycle, metrics
 
@@ -91,3 +92,78 @@ def test_docs_monitoring_md_lists_every_metric() -> None:
     for metric in metrics.METRICS:
         labels = "{" + ",".join(metric.labels) + "}" if metric.labels else ""
         assert f"`{metric.name}{labels}` | {metric.type} |" in text, metric.name
+
+
+# --- one file per writer (issue 31 C1)
+
+
+def test_each_metric_has_one_writer_and_each_writer_its_own_file() -> None:
+    assert set(metrics.TEXTFILE_NAME) == {
+        metrics.CONFIG,
+        metrics.DEPLOY,
+        metrics.WATCHDOG,
+        metrics.BOX,
+    }
+    files = list(metrics.TEXTFILE_NAME.values())
+    assert len(set(files)) == len(files)
+    assert all(re.fullmatch(r"gpubox-[a-z]+\.prom", f) for f in files), files
+    owned = [m.name for w in metrics.TEXTFILE_NAME for m in metrics.of_writer(w)]
+    assert sorted(owned) == sorted(m.name for m in metrics.METRICS)  # each in exactly one
+
+
+def test_the_writers_own_what_the_contract_gives_them() -> None:
+    names = lambda w: {m.name for m in metrics.of_writer(w)}  # noqa: E731
+    assert names(metrics.WATCHDOG) == {
+        "gpubox_watchdog_restarts_total",
+        "gpubox_watchdog_probe_failures_total",
+    }
+    assert names(metrics.DEPLOY) == {
+        "gpubox_deploy_last_run_timestamp_seconds",
+        "gpubox_deploy_last_run_success",
+        "gpubox_deploy_last_success_timestamp_seconds",
+        "gpubox_checks_last_success_timestamp_seconds",
+    }
+    assert names(metrics.BOX) == {
+        "gpubox_reboot_pending",
+        "gpubox_reboot_pending_since_timestamp_seconds",
+        "gpubox_model_download_bytes",
+        "gpubox_model_download_size_bytes",
+        "gpubox_model_volume_info",
+    }
+    assert names(metrics.CONFIG) == {
+        "gpubox_gpus_expected",
+        "gpubox_driver_branch_end_of_life_timestamp_seconds",
+        "gpubox_output_tokens_per_second_floor",
+    }
+
+
+def test_a_writers_exposition_refuses_another_writers_metric() -> None:
+    text = metrics.exposition([("gpubox_reboot_pending", {}, 1)], writer=metrics.BOX)
+    assert text.endswith("gpubox_reboot_pending 1\n")
+    with pytest.raises(ValueError, match=r"gpubox_gpus_expected is written by config "):
+        metrics.exposition([("gpubox_gpus_expected", {}, 2)], writer=metrics.BOX)
+    with pytest.raises(ValueError, match="not one of gpubox's textfile writers"):
+        metrics.of_writer("gpubox")
+
+
+def test_read_values_reads_back_a_files_unlabelled_samples() -> None:
+    text = metrics.exposition(
+        [
+            ("gpubox_deploy_last_run_success", {}, 0),
+            ("gpubox_deploy_last_success_timestamp_seconds", {}, 1764838800.5),
+            ("gpubox_model_download_bytes", {"model": "m"}, 3),
+        ]
+    )
+    assert metrics.read_values(text + "garbage\nx y\n") == {
+        "gpubox_deploy_last_run_success": 0.0,
+        "gpubox_deploy_last_success_timestamp_seconds": 1764838800.5,
+    }
+    assert metrics.read_values("") == {}
+
+
+@pytest.mark.parametrize("writer", list(metrics.TEXTFILE_NAME))
+def test_each_writers_file_passes_promtools_lint(writer: str) -> None:
+    """`promtool check metrics` on each file as its writer writes it (make promtool)."""
+    samples = [(m.name, {k: "x" for k in m.labels}, 1.0) for m in metrics.of_writer(writer)]
+    done = promtool_run("check", "metrics", stdin=metrics.exposition(samples, writer=writer))
+    assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout

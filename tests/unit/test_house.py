@@ -432,6 +432,8 @@ IO_ALLOWED: dict[str, str] = {
     "standard library only): it serves and reads HTTP on the box, never in gpubox",
     "gpubox.knowledge.render_secrets": "it is the program the monitoring stage runs on the box "
     "(the standard library only): it reads the secrets' files and systemd there, never in gpubox",
+    "gpubox.knowledge.box_metrics": "it is also the program the box's gpubox-box-metrics timer "
+    "runs (the standard library only): its dpkg-query and reads run on the box, never in gpubox",
 }
 # Below the pyinfra facts and operations nothing imports pyinfra at its top, so importing the
 # checks, the bench or doctor imports none of it; each exception says why.

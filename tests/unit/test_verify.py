@@ -113,3 +113,65 @@ def test_in_turn_commands_run_one_by_one_after_the_others_which_run_side_by_side
     first, second = span(turn[0]), span(turn[1])
     assert first[0] >= max(e for _, e in sides)  # after every side-by-side one ended
     assert second[0] >= first[1]  # and one after the other
+
+
+# --- gpubox-deploy.prom (issue 31 C5): the deploy's end, for the monitoring
+
+NOW = 1764838800.0
+
+
+def values(text: str) -> dict[str, float]:
+    from gpubox.knowledge import metrics
+
+    return metrics.read_values(text)
+
+
+def test_a_passed_deploy_sets_every_time_and_a_failed_one_keeps_the_last_success():
+    from gpubox.knowledge import metrics
+
+    first = verify.status_text("", True, True, NOW)
+    assert first == metrics.exposition(
+        [
+            (name, {}, NOW if name != "gpubox_deploy_last_run_success" else 1)
+            for name in (
+                "gpubox_deploy_last_run_timestamp_seconds",
+                "gpubox_deploy_last_run_success",
+                "gpubox_deploy_last_success_timestamp_seconds",
+                "gpubox_checks_last_success_timestamp_seconds",
+            )
+        ],
+        writer=metrics.DEPLOY,
+    )
+    failed = values(verify.status_text(first, False, True, NOW + 60))
+    assert failed == {
+        "gpubox_deploy_last_run_timestamp_seconds": NOW + 60,
+        "gpubox_deploy_last_run_success": 0,
+        "gpubox_deploy_last_success_timestamp_seconds": NOW,
+        "gpubox_checks_last_success_timestamp_seconds": NOW,
+    }
+    # never a success: 0 (NoRecentSuccess fires on it)
+    never = values(verify.status_text("", False, True, NOW))
+    assert never["gpubox_deploy_last_success_timestamp_seconds"] == 0
+    assert never["gpubox_checks_last_success_timestamp_seconds"] == 0
+    # a deploy without its checks (verify_after_deploy false) leaves the checks' time
+    unchecked = values(verify.status_text(first, True, False, NOW + 120))
+    assert unchecked["gpubox_deploy_last_success_timestamp_seconds"] == NOW + 120
+    assert unchecked["gpubox_checks_last_success_timestamp_seconds"] == NOW
+
+
+def test_the_status_is_read_and_written_whole_through_the_connection(tmp_path):
+    path = tmp_path / "textfile" / "gpubox-deploy.prom"
+    assert verify.write_status(ShellHost(), {}, str(path), True, True) is None
+    written = values(path.read_text())
+    assert written["gpubox_deploy_last_run_success"] == 1
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in path.parent.iterdir()] == ["gpubox-deploy.prom"]  # no tmp left
+    assert verify.write_status(ShellHost(), {}, str(path), False, True) is None
+    again = values(path.read_text())
+    assert again["gpubox_deploy_last_run_success"] == 0
+    assert (
+        again["gpubox_deploy_last_success_timestamp_seconds"]
+        == (written["gpubox_deploy_last_success_timestamp_seconds"])
+    )
+    (tmp_path / "blocked").write_text("")
+    assert verify.write_status(ShellHost(), {}, str(tmp_path / "blocked" / "x.prom"), True, True)

@@ -8,6 +8,7 @@ that act on the box (a container run, a GPU load). Modules:
 
 - ``cli``: read each host's facts once (``gather``), judge them (``evaluate``), print; ``main``.
 - ``view``: ``describe``, the host's state as one JSON-able view (pure).
+- ``alerts``: the alerts firing for each box, read once from the monitor's Alertmanager.
 - ``render``: ``render_fleet`` (one table, a row per host), ``render_text`` (one screen per
   host), ``render_json``, ``format_bench``."""
 

@@ -17,8 +17,10 @@ from typing import Any
 from gpubox import bench, checks
 from gpubox.checks.core import FACTS, Unreachable
 from gpubox.config import ConfigError, HostConfig, load_host_config
+from gpubox.doctor import alerts
 from gpubox.doctor.render import (
     fleet_row,
+    format_alerts,
     host_report,
     render_fleet,
     render_json,
@@ -108,22 +110,29 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="gpubox-doctor-") as tmp:
         ssh_config = Path(tmp) / "ssh_config"
         ssh_config.write_text("".join(inventory.ssh_config_entry(n, d) for n, d in hosts))
+
+        def connect(name: str, data: dict[str, Any]) -> Any:
+            return testinfra.get_host(
+                f"paramiko://{name}", ssh_config=str(ssh_config), sudo=inventory.uses_sudo(data)
+            )
+
+        fleet = _fleet_alerts(hosts, configs, unreachable, connect)
         for name, data in hosts:
             config = configs[name]
             if name in unreachable:
-                _unreachable(name, config, unreachable[name], reports, screens, rows)
+                _unreachable(name, config, unreachable[name], reports, screens, rows, fleet)
                 continue
-            host = testinfra.get_host(
-                f"paramiko://{name}", ssh_config=str(ssh_config), sudo=inventory.uses_sudo(data)
-            )
+            host = connect(name, data)
             try:
                 facts = gather(_runner(host), config)
             except Unreachable as exc:  # reached by the probe, lost since
                 unreachable[name] = str(exc)
-                _unreachable(name, config, str(exc), reports, screens, rows)
+                _unreachable(name, config, str(exc), reports, screens, rows, fleet)
                 continue
             url = bench.host_url(name, data.get("ssh_hostname"), config.api_port)
             view = describe(config, facts, now, last_bench=bench.load_record(name, url))
+            if fleet is not None:
+                view["alerts"] = alerts.view_for(fleet, name)
             verdicts = evaluate(name, config, facts, args.inventory)
             reports.append(host_report(name, view, verdicts))
             screens.append(render_text(name, view, verdicts))
@@ -142,6 +151,23 @@ def main(argv: list[str]) -> int:
     )
 
 
+def _fleet_alerts(
+    hosts: list[tuple[str, dict[str, Any]]],
+    configs: dict[str, HostConfig],
+    unreachable: dict[str, str],
+    connect: Any,
+) -> alerts.FleetAlerts | None:
+    """The alerts firing, by box, from the inventory's monitor (read once); None without a
+    monitor."""
+    monitor = alerts.monitor_of(hosts)
+    if monitor is None:
+        return None
+    if monitor in unreachable:
+        return alerts.unreachable(monitor, unreachable[monitor])
+    data = dict(hosts)[monitor]
+    return alerts.read(_runner(connect(monitor, data)), monitor, configs[monitor])
+
+
 def _unreachable(
     name: str,
     config: HostConfig,
@@ -149,8 +175,21 @@ def _unreachable(
     reports: list[dict[str, Any]],
     screens: list[str],
     rows: list[dict[str, Any]],
+    fleet: alerts.FleetAlerts | None = None,
 ) -> None:
-    """A host that cannot be reached: one line (NAME: unreachable: WHY), no verdict."""
-    reports.append({"host": name, "ok": False, "unreachable": why, "findings": [], "checks": {}})
-    screens.append(reach.unreachable_line(name, why) + "\n")
+    """A host that cannot be reached: one line (NAME: unreachable: WHY), no verdict; then
+    the alerts firing for it, when the fleet has a monitor (BoxDown, most likely)."""
+    report: dict[str, Any] = {
+        "host": name,
+        "ok": False,
+        "unreachable": why,
+        "findings": [],
+        "checks": {},
+    }
+    screen = reach.unreachable_line(name, why) + "\n"
+    if fleet is not None:
+        report["alerts"] = alerts.view_for(fleet, name)
+        screen += f"Alerts    {format_alerts(report['alerts'])}\n"
+    reports.append(report)
+    screens.append(screen)
     rows.append(fleet_row(name, config, None, []))

@@ -87,6 +87,17 @@ def format_watchdog(watchdog: dict[str, Any]) -> str:
     return text
 
 
+def format_alerts(alerts: dict[str, Any]) -> str:
+    """The alerts line: "GpuMissing (critical), BackendDown (critical)", "none", or why the
+    monitor's Alertmanager could not say."""
+    if alerts.get("error"):
+        return f"? {alerts['error']}"
+    firing = alerts.get("firing") or []
+    if not firing:
+        return "none"
+    return ", ".join(f"{a['alert']} ({a['severity'] or 'no severity'})" for a in firing)
+
+
 def format_panel(panel: dict[str, Any]) -> str:
     """The server panel's line: version, units, port, socket, login page."""
     if panel.get("error"):
@@ -226,6 +237,10 @@ def render_text(host: str, view: dict[str, Any], verdicts: list[Verdict]) -> str
     panel = view.get("panel")
     if panel is not None:
         w(f"Panel     {format_panel(panel)}")
+
+    alerts = view.get("alerts")
+    if alerts is not None:
+        w(f"Alerts    {format_alerts(alerts)}")
 
     burnin = view["burnin"]
     if not burnin["record"]:

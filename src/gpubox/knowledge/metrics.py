@@ -12,9 +12,13 @@ The contract with the monitoring stage (issue 31 A), which writes and scrapes th
   series with ``on (host)``.
 - **The jobs.** The scrape configuration names its jobs ``JOB_NODE``, ``JOB_DCGM`` and
   ``JOB_BACKEND`` (below); the rules select ``up`` by them.
-- **The file.** These metrics are written to one file, ``TEXTFILE_NAME``, in the node
-  exporter's textfile directory (Debian's package reads /var/lib/prometheus/node-exporter),
-  written whole to a temporary name and renamed, as the collector asks.
+- **The files, one per writer.** Each metric belongs to exactly one writer, and each writer
+  writes its own file (``TEXTFILE_NAME``: writer -> file name) in the node exporter's
+  textfile directory (Debian's package reads /var/lib/prometheus/node-exporter), whole, to a
+  temporary name and renamed, as the collector asks; the collector reads every ``*.prom``
+  there, and no metric is in two files. The writers: ``config`` (the monitoring stage, from
+  the keys), ``deploy`` (the deploy's final checks), ``watchdog`` (the watchdog's program, at
+  each run) and ``box`` (knowledge/box_metrics.py, run by a timer on the box).
 - **The ``unit`` label** is the backend's unit as the watchdog names it
   (``base/layout.py``'s ``BACKEND_UNITS``: ``gpubox-llama-server``, ``gpubox-vllm``).
 - **Counters stay counters.** ``gpubox_watchdog_restarts_total`` and
@@ -38,8 +42,17 @@ JOB_BACKEND = "backend"
 JOBS = (JOB_NODE, JOB_DCGM, JOB_BACKEND)
 # The target label that names the box, set by the scrape configuration on every target.
 HOST_LABEL = "host"
-# The textfile collector's file for these metrics.
-TEXTFILE_NAME = "gpubox.prom"
+# The writers of these metrics, and each one's file in the textfile collector's directory.
+CONFIG = "config"  # the monitoring stage (ManagedFiles: changes only when keys change)
+DEPLOY = "deploy"  # the deploy's final checks (gpubox.stages.verify)
+WATCHDOG = "watchdog"  # the watchdog's program (knowledge/watchdog.py), at each run
+BOX = "box"  # knowledge/box_metrics.py, run by gpubox-box-metrics.timer
+TEXTFILE_NAME = {
+    CONFIG: "gpubox-config.prom",
+    DEPLOY: "gpubox-deploy.prom",
+    WATCHDOG: "gpubox-watchdog.prom",
+    BOX: "gpubox-box.prom",
+}
 # The output tokens/s floor's fixed default, for the key that sets it (issue 31 A): the rules
 # read the floor from gpubox_output_tokens_per_second_floor, not from this constant.
 OUTPUT_TOKENS_PER_SECOND_FLOOR = 5.0
@@ -54,6 +67,7 @@ class Metric:
     type: str  # COUNTER or GAUGE
     help: str
     labels: tuple[str, ...] = ()
+    writer: str = CONFIG  # who writes it: one of TEXTFILE_NAME's keys
 
 
 METRICS: tuple[Metric, ...] = (
@@ -61,60 +75,71 @@ METRICS: tuple[Metric, ...] = (
         "gpubox_gpus_expected",
         GAUGE,
         "GPUs the inventory says the box has (its gpu_count).",
+        writer=CONFIG,
     ),
     Metric(
         "gpubox_watchdog_restarts_total",
         COUNTER,
         "Restarts of the API server's unit by gpubox's watchdog.",
         ("unit",),
+        writer=WATCHDOG,
     ),
     Metric(
         "gpubox_watchdog_probe_failures_total",
         COUNTER,
         "Watchdog runs whose probes of the API (/health, a one-token completion) failed.",
         ("unit",),
+        writer=WATCHDOG,
     ),
     Metric(
         "gpubox_deploy_last_run_timestamp_seconds",
         GAUGE,
         "When the last gpubox deploy of this box ended.",
+        writer=DEPLOY,
     ),
     Metric(
         "gpubox_deploy_last_run_success",
         GAUGE,
         "Whether the last gpubox deploy of this box succeeded (1) or failed (0).",
+        writer=DEPLOY,
     ),
     Metric(
         "gpubox_deploy_last_success_timestamp_seconds",
         GAUGE,
         "When the last successful gpubox deploy of this box ended.",
+        writer=DEPLOY,
     ),
     Metric(
         "gpubox_checks_last_success_timestamp_seconds",
         GAUGE,
         "When the last run of gpubox's checks on this box passed.",
+        writer=DEPLOY,
     ),
     Metric(
         "gpubox_reboot_pending",
         GAUGE,
         "Whether the installed NVIDIA driver is not the loaded one (1): a reboot is pending.",
+        writer=BOX,
     ),
     Metric(
         "gpubox_reboot_pending_since_timestamp_seconds",
         GAUGE,
         "Since when the installed NVIDIA driver has not been the loaded one (0 when it is).",
+        writer=BOX,
     ),
     Metric(
         "gpubox_model_download_bytes",
         GAUGE,
         "Bytes of the model's file downloaded so far.",
         ("model",),
+        writer=BOX,
     ),
     Metric(
         "gpubox_model_download_size_bytes",
         GAUGE,
         "Bytes of the model's whole file (0 while unknown).",
         ("model",),
+        writer=BOX,
     ),
     Metric(
         "gpubox_model_volume_info",
@@ -122,6 +147,7 @@ METRICS: tuple[Metric, ...] = (
         "Always 1: the mount point of the filesystem that holds model_dir (the node "
         "exporter's node_filesystem_* mountpoint label).",
         ("mountpoint",),
+        writer=BOX,
     ),
     Metric(
         "gpubox_driver_branch_end_of_life_timestamp_seconds",
@@ -129,11 +155,13 @@ METRICS: tuple[Metric, ...] = (
         "When the installed driver branch's support ends (the end of its end-of-life month; "
         "0: past its end of life, no month known).",
         ("branch",),
+        writer=CONFIG,
     ),
     Metric(
         "gpubox_output_tokens_per_second_floor",
         GAUGE,
         "The output tokens/s below which a box serving requests is slow (its key).",
+        writer=CONFIG,
     ),
 )
 
@@ -166,15 +194,28 @@ def _number(value: float) -> str:
 Sample = tuple[str, Mapping[str, str], float]  # metric name, its labels, its value
 
 
-def exposition(samples: Iterable[Sample]) -> str:
+def of_writer(writer: str) -> tuple[Metric, ...]:
+    """The metrics ``writer`` writes (in METRICS' order), to its file TEXTFILE_NAME[writer]."""
+    if writer not in TEXTFILE_NAME:
+        raise ValueError(f"{writer} is not one of gpubox's textfile writers {list(TEXTFILE_NAME)}")
+    return tuple(m for m in METRICS if m.writer == writer)
+
+
+def exposition(samples: Iterable[Sample], writer: str | None = None) -> str:
     """Prometheus's text format for ``samples``, each metric's HELP and TYPE once, in METRICS'
     order. A name that is not one of METRICS, or labels other than the metric's own, are a
-    ValueError naming them: the rules rely on exactly these names."""
+    ValueError naming them: the rules rely on exactly these names. With ``writer``, the text
+    of that writer's file: a metric of another writer is a ValueError naming both."""
     by_metric: dict[str, list[str]] = {}
     for name, labels, value in samples:
         metric = BY_NAME.get(name)
         if metric is None:
             raise ValueError(f"{name} is not one of gpubox's metrics (knowledge/metrics.py)")
+        if writer is not None and metric.writer != writer:
+            raise ValueError(
+                f"{name} is written by {metric.writer} ({TEXTFILE_NAME[metric.writer]}), "
+                f"not by {writer} ({TEXTFILE_NAME.get(writer, '?')})"
+            )
         if set(labels) != set(metric.labels):
             raise ValueError(f"{name} takes the labels {list(metric.labels)}, got {sorted(labels)}")
         pairs = ",".join(f'{k}="{_escape(labels[k])}"' for k in metric.labels)
@@ -187,3 +228,20 @@ def exposition(samples: Iterable[Sample]) -> str:
             lines.append(f"# TYPE {metric.name} {metric.type}")
             lines.extend(by_metric[metric.name])
     return "".join(line + "\n" for line in lines)
+
+
+def read_values(text: str) -> dict[str, float]:
+    """The samples without labels in a textfile's ``text`` (Prometheus's text format), by
+    name: what a writer reads back of its own last file (the deploy's final checks keep the
+    last success's times). Comments, labelled samples and lines that do not parse are left
+    out."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 2 or line.startswith("#") or "{" in words[0]:
+            continue
+        try:
+            found[words[0]] = float(words[1])
+        except ValueError:
+            continue
+    return found

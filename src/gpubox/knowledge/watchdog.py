@@ -24,7 +24,13 @@ means, keep the state file and act:
   line naming the failures, and the state file's restart count goes up.
 
 A frozen process (SIGSTOP) answers nothing: every probe times out, and a timeout is a failure.
-The API key is read from its file here and sent in a header, never on a command line."""
+The API key is read from its file here and sent in a header, never on a command line.
+
+When the fleet is monitored (issue 31), the settings name a ``textfile``: each run writes
+there, for the node exporter's textfile collector, the restarts and the counted failed probes
+of the unit as two counters (``textfile_text``: gpubox_watchdog_restarts_total and
+gpubox_watchdog_probe_failures_total, as gpubox.knowledge.metrics defines them), from 0 and
+only growing (kept in the state file), written whole to a temporary name and renamed."""
 
 from __future__ import annotations
 
@@ -219,6 +225,47 @@ def decide(
     return new, "restart", line
 
 
+# The textfile's counters, as gpubox.knowledge.metrics defines them (a test keeps the two
+# equal): (name, help). A counted failure is a run whose probes failed and counted against the
+# server (the actions below): not a warm-up's nor a busy server's.
+COUNTERS = (
+    ("gpubox_watchdog_restarts_total", "Restarts of the API server's unit by gpubox's watchdog."),
+    (
+        "gpubox_watchdog_probe_failures_total",
+        "Watchdog runs whose probes of the API (/health, a one-token completion) failed.",
+    ),
+)
+COUNTED = ("failure", "restart")
+
+
+def count(new: dict[str, Any], action: str) -> dict[str, Any]:
+    """The state with the run's counted failure added to ``probe_failures`` (only growing)."""
+    failures = int(new.get("probe_failures", 0)) + (1 if action in COUNTED else 0)
+    return {**new, "probe_failures": failures}
+
+
+def textfile_text(state: dict[str, Any], unit: str) -> str:
+    """The watchdog's textfile: its two counters for ``unit``, from 0."""
+    values = (int(state.get("restarts", 0)), int(state.get("probe_failures", 0)))
+    label = unit.replace("\\", "\\\\").replace('"', '\\"')
+    lines = []
+    for (name, text), value in zip(COUNTERS, values, strict=True):
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} counter"]
+        lines.append(f'{name}{{unit="{label}"}} {value}')
+    return "".join(line + "\n" for line in lines)
+
+
+def write_textfile(path: str, text: str) -> None:
+    """``text`` into ``path`` whole: a temporary name beside it (not ``*.prom``, which the
+    collector would read), then renamed; readable by the node exporter's user."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 # --- on the box
 
 
@@ -323,11 +370,17 @@ def main(argv: list[str]) -> int:
             log(f"systemctl restart {settings['unit']} failed: {done.stderr.strip()}", 3)
     elif line:
         log(line, 4 if action in ("failure", "busy") else 5)
+    new = count(new, action)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({**new, "last_run": wall, "last_action": action}, f)
     os.replace(tmp, path)
+    if settings.get("textfile"):
+        try:
+            write_textfile(settings["textfile"], textfile_text(new, settings["unit"]))
+        except OSError as exc:
+            log(f"cannot write {settings['textfile']}: {exc}", 4)
     return 0
 
 

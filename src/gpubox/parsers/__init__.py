@@ -13,6 +13,7 @@ Pure parsers of the command outputs gpubox reads from a host, one module per sou
 - ``gpu_burn``: gpu-burn (a burn and `gpu_burn -l`);
 - ``dcgm``: DCGM's dcgmi (discovery -l, dmon, diag -j, and the errors it prints when it cannot
   do its work);
+- ``alertmanager``: Alertmanager's ``GET /api/v2/alerts`` (the alerts firing, by host);
 - ``sections``: gpubox's own multi-command outputs (``@@gpubox NAME`` lines start each);
 - ``_common``: ParseError and the helpers the modules share.
 
@@ -26,6 +27,7 @@ raises ParseError, quoting the line it could not read, rather than guessing."""
 from __future__ import annotations
 
 from gpubox.parsers._common import ParseError
+from gpubox.parsers.alertmanager import Alert, firing_by_host, parse_alerts
 from gpubox.parsers.apt import (
     AptPolicy,
     AptPolicyVersion,
@@ -100,6 +102,9 @@ from gpubox.parsers.systemd import (
 )
 
 __all__ = [
+    "Alert",
+    "firing_by_host",
+    "parse_alerts",
     "SECTION",
     "parse_sections",
     "MokState",

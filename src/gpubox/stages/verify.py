@@ -10,12 +10,20 @@ The facts are read in two round trips, not one per fact: the OS release first (t
 commands depend on the OS target), then every other fact the checks read, one after the
 other in one shell, each output carried back exactly with its exit status (``Batch``). Not
 side by side: a check of the processes' arguments would see the API requests of the others,
-and the server's slots would be busy with them."""
+and the server's slots would be busy with them.
+
+When the fleet is monitored (issue 31), the operation also writes the node exporter's textfile
+``gpubox-deploy.prom`` (``write_status``) from its callback, through the connection, not as an
+operation command (a converged re-deploy still reports no change): the run's time, its success
+(0 when a check failed, written before the operation fails), and the times of the last
+successful deploy and check run (kept from the file's last values when this run failed)."""
 
 from __future__ import annotations
 
 import base64
+import shlex
 import sys
+import time
 from collections.abc import Iterable
 
 from pyinfra import host, logger
@@ -23,6 +31,8 @@ from pyinfra.api import OperationError, operation
 
 from gpubox import checks
 from gpubox.config import HostConfig
+from gpubox.knowledge import metrics
+from gpubox.ops import box_metrics
 from gpubox.stages import current_config
 
 RC_MARK = "@@gpubox-rc="
@@ -164,9 +174,71 @@ def failures(verdicts: list[checks.Verdict]) -> str:
     return "\n".join(f"  [{v.check}] {v.message}\n      fix: {v.fix}" for v in verdicts)
 
 
+DEPLOY_METRICS = (
+    "gpubox_deploy_last_run_timestamp_seconds",
+    "gpubox_deploy_last_run_success",
+    "gpubox_deploy_last_success_timestamp_seconds",
+    "gpubox_checks_last_success_timestamp_seconds",
+)
+
+
+def status_text(previous: str, success: bool, checked: bool, now: float) -> str:
+    """gpubox-deploy.prom after a deploy that ended now: its time and ``success``; the last
+    success's times now when it succeeded (the checks' only when they ran: ``checked``), else
+    ``previous``'s (the file as it was; 0 when it had none)."""
+    old = metrics.read_values(previous)
+    last = {name: old.get(name, 0.0) for name in DEPLOY_METRICS[2:]}
+    if success:
+        last[DEPLOY_METRICS[2]] = now
+        if checked:
+            last[DEPLOY_METRICS[3]] = now
+    samples: list[metrics.Sample] = [
+        (DEPLOY_METRICS[0], {}, now),
+        (DEPLOY_METRICS[1], {}, 1.0 if success else 0.0),
+    ]
+    samples += [(name, {}, value) for name, value in last.items()]
+    return metrics.exposition(samples, writer=metrics.DEPLOY)
+
+
+def write_status(
+    pyinfra_host: object, sudo: dict[str, bool], path: str, success: bool, checked: bool
+) -> str | None:
+    """Read ``path`` on the host, write its new text whole (a temporary name, renamed), 0644:
+    through the connection, so the operation yields no command. None when it was written,
+    else why not."""
+    run = pyinfra_host.run_shell_command  # type: ignore[attr-defined]
+    _, out = run(f"cat {shlex.quote(path)} 2>/dev/null || true", print_output=False, **sudo)
+    text = status_text("\n".join(out.stdout_lines), success, checked, time.time())
+    q, tmp = shlex.quote, shlex.quote(f"{path}.tmp")
+    command = (
+        f"mkdir -p {q(path.rsplit('/', 1)[0])} && printf %s {q(text)} > {tmp} && "
+        f"chmod 644 {tmp} && mv -f {tmp} {q(path)}"
+    )
+    ok, out = run(command, print_output=False, **sudo)
+    return None if ok else ("; ".join(out.stderr_lines) or "failed")
+
+
+def report_status(success: bool, checked: bool) -> None:
+    """gpubox-deploy.prom written when the fleet is monitored; a failure to write is a
+    warning, never the deploy's failure. Only while the run executes: pyinfra without -y runs
+    the operation once while it plans too, before any stage changed the box."""
+    if not host.state.is_executing or not box_metrics.monitored():
+        return
+    sudo = {"_sudo": True} if host.data.get("_sudo") else {}
+    path = box_metrics.textfile(metrics.DEPLOY)
+    why = write_status(host, sudo, path, success, checked)
+    if why is not None:
+        logger.warning(f"{host.name}: cannot write {path}: {why}")
+
+
 @operation(is_idempotent=True)
-def verify_host(inventory: str):
-    """Judge the host with the deploy's checks (when this operation executes)."""
+def verify_host(inventory: str, check: bool = True):
+    """Judge the host with the deploy's checks (when this operation executes); with ``check``
+    false, only report the deploy's end to the monitoring."""
+    if not check:
+        report_status(True, checked=False)
+        return
+        yield ""
     config = current_config()
     sudo = {"_sudo": True} if host.data.get("_sudo") else {}
     batch = Batch(host, sudo)
@@ -176,6 +248,7 @@ def verify_host(inventory: str):
     verdicts = checks.run(chosen, host.name, config, facts, inventory)
     failed = [v for v in verdicts if v.failed]
     passed = sum(v.status == "pass" for v in verdicts)
+    report_status(not failed, checked=True)
     if failed:
         raise OperationError(
             f"{host.name}: {len(failed)} of {len(chosen)} quick checks failed after the "
@@ -199,8 +272,15 @@ def inventory_argument(argv: list[str]) -> str:
 
 
 def verify() -> None:
-    """Add the check operation when the inventory asks for it (verify_after_deploy)."""
+    """Add the check operation when the inventory asks for it (verify_after_deploy); without
+    it, on a monitored fleet, the operation that reports the deploy's end."""
     if not current_config().verify_after_deploy:
+        if box_metrics.monitored():
+            verify_host(
+                name="Report | the deploy's end, to the monitoring (gpubox-deploy.prom)",
+                inventory=inventory_argument(sys.argv),
+                check=False,
+            )
         return
     verify_host(
         name="Check | the box passes the quick checks (verify_after_deploy)",

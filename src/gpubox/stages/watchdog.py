@@ -19,8 +19,9 @@ from gpubox.base.rendering import render
 from gpubox.config import HostConfig
 from gpubox.infra.host_facts import CommandOutput
 from gpubox.infra.operations import ManagedFiles
+from gpubox.knowledge import metrics
 from gpubox.knowledge import watchdog as script
-from gpubox.ops import units
+from gpubox.ops import box_metrics, units
 from gpubox.stages import current_config
 
 PYTHON = "/usr/bin/python3"
@@ -35,8 +36,9 @@ def api_url(config: HostConfig) -> str:
     return f"http://{f'[{address}]' if ':' in address else address}:{config.api_port}"
 
 
-def settings(config: HostConfig) -> dict[str, object]:
-    """What the script reads from layout.WATCHDOG_CONFIG."""
+def settings(config: HostConfig, monitored: bool = False) -> dict[str, object]:
+    """What the script reads from layout.WATCHDOG_CONFIG; ``monitored``: the fleet has a
+    monitor, and each run writes its counters to the node exporter's textfile."""
     return {
         "backend": config.backend,
         "unit": layout.BACKEND_UNITS[config.backend],
@@ -50,14 +52,16 @@ def settings(config: HostConfig) -> dict[str, object]:
         "busy_limit_s": config.watchdog_busy_limit_s,
         "timeout_s": config.watchdog_timeout_s,
         "completion_every_s": config.watchdog_completion_every_s,
+        "textfile": box_metrics.textfile(metrics.WATCHDOG) if monitored else None,
     }
 
 
-def unit_files(config: HostConfig) -> dict[str, str]:
+def unit_files(config: HostConfig, monitored: bool = False) -> dict[str, str]:
     """The settings, the service and the timer (mode 0644)."""
     server = layout.BACKEND_UNITS[config.backend]
+    text = json.dumps(settings(config, monitored), indent=1, sort_keys=True) + "\n"
     return {
-        layout.WATCHDOG_CONFIG: json.dumps(settings(config), indent=1, sort_keys=True) + "\n",
+        layout.WATCHDOG_CONFIG: text,
         layout.WATCHDOG_UNIT_FILE: render(
             "gpubox-watchdog.service.j2",
             server=server,
@@ -108,7 +112,7 @@ def watchdog() -> None:
         apt.packages(name="python3 for the watchdog", packages=["python3"], update=True)
     code = ManagedFiles({layout.WATCHDOG_SCRIPT: script_text()}, mode="0755")
     code.put("The watchdog's script", layout.WATCHDOG_SCRIPT)
-    files = ManagedFiles(unit_files(config))
+    files = ManagedFiles(unit_files(config, box_metrics.monitored()))
     files.put("The watchdog's settings", layout.WATCHDOG_CONFIG)
     service = files.put("The watchdog's service", layout.WATCHDOG_UNIT_FILE)
     timer = files.put("The watchdog's timer", layout.WATCHDOG_TIMER_FILE)
