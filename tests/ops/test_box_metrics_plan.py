@@ -93,11 +93,6 @@ def test_debian_names_its_own_kernel_module_package_and_vllm_its_checkpoint():
     assert none["model"] is None and none["driver_package"] == "nvidia-kernel-dkms"
 
 
-def test_python3_is_installed_only_where_it_is_missing(plan_of):
-    plan = plan_of(stage, REFERENCE, fresh_box("ubuntu2404"))
-    assert short(plan.names)[0] == "python3 for the box metrics" and "python3" in plan.installs()
-
-
 def test_a_converged_box_plans_no_change(plan_of):
     def line(path: str, text: str, mode: str) -> str:
         return f"{path} {mode} {hashlib.sha256(text.encode()).hexdigest()}"

@@ -15,10 +15,6 @@ from gpubox import parsers
 from gpubox.checks import Runner
 from gpubox.config import HostConfig
 
-# TODO(merge): helper A's keys alertmanager_address and alertmanager_port (defaults
-# 127.0.0.1 and 9093, the monitor's loopback); until they are on this branch, these.
-DEFAULT_ADDRESS = "127.0.0.1"
-DEFAULT_PORT = 9093
 QUERY = "/api/v2/alerts?active=true&silenced=false&inhibited=false&unprocessed=false"
 
 
@@ -33,15 +29,14 @@ class FleetAlerts:
 
 def monitor_of(hosts: list[tuple[str, dict[str, Any]]]) -> str | None:
     """The inventory's monitor: its first host with monitoring "prometheus"."""
-    # TODO(merge): the raw data, "none" when unset, until helper A's `monitoring` key is here
+    # the raw data: doctor reads the inventory offline ("none", the key's default, when unset)
     return next((n for n, d in hosts if str(d.get("monitoring") or "none") == "prometheus"), None)
 
 
 def address_of(config: HostConfig) -> tuple[str, int]:
     """Where Alertmanager listens on the monitor, as curl there reaches it (a wildcard
     address: loopback)."""
-    address = str(getattr(config, "alertmanager_address", DEFAULT_ADDRESS) or DEFAULT_ADDRESS)
-    port = int(getattr(config, "alertmanager_port", DEFAULT_PORT) or DEFAULT_PORT)
+    address, port = config.alertmanager_address, config.alertmanager_port
     if address in ("0.0.0.0", "::", "[::]"):
         address = "127.0.0.1"
     return address, port

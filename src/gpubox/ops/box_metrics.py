@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, inventory
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import systemd
 
 from gpubox.base import layout
 from gpubox.base.errors import DeployRefused
@@ -30,10 +30,8 @@ from gpubox.plans import checkpoint
 from gpubox.plans import model as model_plan
 
 PYTHON = "/usr/bin/python3"
-# TODO(merge): helper A's base/layout.py has TEXTFILE_DIR and BOX_METRICS_CONFIG; these
-# fallbacks are the contract's values until it is on this branch.
-TEXTFILE_DIR: str = getattr(layout, "TEXTFILE_DIR", "/var/lib/prometheus/node-exporter")
-CONFIG_FILE: str = getattr(layout, "BOX_METRICS_CONFIG", "/etc/gpubox/box-metrics.json")
+TEXTFILE_DIR = layout.TEXTFILE_DIR
+CONFIG_FILE = layout.BOX_METRICS_CONFIG
 UNIT = "gpubox-box-metrics"  # the service and its timer
 TIMER = f"{UNIT}.timer"
 UNIT_FILE = layout.unit_file(UNIT)
@@ -51,8 +49,8 @@ def monitored(hosts: Iterable[Any] | None = None) -> bool:
     """Whether the inventory has a monitor (a host with monitoring "prometheus"): then every
     host of it is monitored. Every host counts, under --limit too (pyinfra's inventory holds
     them all)."""
-    # TODO(merge): read from each host's data, "none" when unset, until helper A's
-    # `monitoring` key is on this branch (then: the validated configs).
+    # each host's data ("none", the key's default, when unset): the other hosts' configs are
+    # not built here
     return any(
         str(each.data.get("monitoring") or "none") == "prometheus"
         for each in (inventory if hosts is None else hosts)
@@ -104,8 +102,7 @@ def unit_files(config: HostConfig, family: str) -> dict[str, str]:
         TIMER_FILE: render(
             "gpubox-box-metrics.timer.j2",
             service=f"{UNIT}.service",
-            # TODO(merge): helper A's monitoring_interval key (default 30)
-            interval=int(getattr(config, "monitoring_interval", 30)),
+            interval=config.monitoring_interval,
         ),
     }
 
@@ -121,8 +118,7 @@ def box_metrics(config: HostConfig) -> None:
     target = target_for(read_once(OsRelease), config.catalog)
     if target is None:
         raise DeployRefused(f"{host.name}: box metrics: the OS is not one gpubox supports")
-    if not host.get_fact(CommandOutput, command=f"test -x {PYTHON} && echo yes").strip():
-        apt.packages(name="python3 for the box metrics", packages=["python3"], update=True)
+    # python3: the monitoring stage, which calls this, installs it first
     code = ManagedFiles({SCRIPT: script_text()}, mode="0755")
     code.put("The box metrics' program", SCRIPT)
     files = ManagedFiles(unit_files(config, target.family))

@@ -16,7 +16,6 @@ only when the keys do, so a re-deploy changes nothing."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import shlex
 from pathlib import Path
@@ -33,7 +32,7 @@ from gpubox.config import HostConfig
 from gpubox.infra.host_facts import CommandOutput
 from gpubox.infra.operations import ManagedFiles, fail
 from gpubox.knowledge import metrics_relay, render_secrets
-from gpubox.ops import units
+from gpubox.ops import box_metrics, units
 from gpubox.plans import monitoring as plan
 from gpubox.stages import all_configs, current_config
 
@@ -104,19 +103,6 @@ def python3() -> None:
         apt.packages(name="python3 for gpubox's programs", packages=["python3"], update=True)
 
 
-def box_metrics(config: HostConfig) -> None:
-    """gpubox's box-metrics timer (helper C's gpubox.ops.box_metrics).
-    TODO(merge): issue 31 C's module replaces this guard once both branches are merged: the
-    import becomes a plain `from gpubox.ops.box_metrics import box_metrics`."""
-    try:
-        module = importlib.import_module("gpubox.ops.box_metrics")  # TODO(merge): C writes it
-    except ModuleNotFoundError as exc:
-        if exc.name != "gpubox.ops.box_metrics":
-            raise  # the module is there and broken: say so
-        return
-    module.box_metrics(config)
-
-
 def node(config: HostConfig, relay: bool) -> None:
     """The node exporter, gpubox's textfile and timer, and the relay where one is wanted."""
     managed = ManagedFiles(node_files(config))
@@ -125,7 +111,7 @@ def node(config: HostConfig, relay: bool) -> None:
     # the package makes the textfile directory; the upload makes it too where it is gone
     managed.put("gpubox-config.prom (the keys' values)", layout.TEXTFILE_CONFIG)
     units.keep_running(layout.NODE_EXPORTER, "the node exporter", defaults, installed)
-    box_metrics(config)
+    box_metrics.box_metrics(config)
     if relay:
         code = ManagedFiles({layout.METRICS_RELAY_SCRIPT: program(metrics_relay)}, mode="0755")
         script = code.put("The metrics relay's program", layout.METRICS_RELAY_SCRIPT)
@@ -239,7 +225,8 @@ def monitoring() -> None:
     config = current_config()
     configs = all_configs()
     if not plan.is_monitored(configs):
-        return  # no monitor in the inventory: nothing at all (docs/monitoring.md)
+        box_metrics.stop()  # a fleet no longer monitored: its timer stopped (docs/monitoring.md)
+        return  # no monitor in the inventory: nothing else (docs/monitoring.md)
     python3()
     node(config, plan.relay_wanted(host.name, config, configs))
     if config.monitoring == "prometheus":

@@ -25,6 +25,7 @@ from test_reference_desktop_plan import reference_desktop
 from gpubox.base import layout
 from gpubox.config import load_host_config
 from gpubox.knowledge import metrics_relay, render_secrets
+from gpubox.ops import box_metrics
 from gpubox.plans import monitoring as plan
 from gpubox.stages import monitoring as stage
 
@@ -58,6 +59,13 @@ def test_a_fresh_monitor_gets_its_files_before_the_distributions_packages(plan_o
         "gpubox-config.prom (the keys' values)",
         "the node exporter running and enabled",
         "Restart the node exporter with its new settings",
+        "The box metrics' program",
+        "The box metrics' settings",
+        "The box metrics' service",
+        "The box metrics' timer",
+        "Reload systemd units (box metrics)",
+        "the box metrics' timer running and enabled",
+        "Restart the box metrics' timer with its new settings",
         "Prometheus's arguments",
         "Alertmanager's arguments",
         "prometheus.yml (every host of the inventory)",
@@ -117,10 +125,13 @@ def converged(data: dict, answers_for=None, **extra: object) -> dict[object, obj
         digests(texts)
         + digests({layout.ALERTMANAGER_TEMPLATE: plan.alertmanager_template(config)}, "600")
         + digests({layout.ALERTMANAGER_RENDER: source(render_secrets)}, "755")
+        + digests(box_metrics.unit_files(config, "ubuntu"))
+        + digests({box_metrics.SCRIPT: box_metrics.script_text()}, "755")
     )
     show = []
     for unit in UNITS:
         show += [f"Id={unit}.service", "SubState=running", "UnitFileState=enabled"]
+    show += [f"Id={box_metrics.TIMER}", "SubState=waiting", "UnitFileState=enabled"]
     answers = {
         "test -x /usr/bin/python3": "yes",
         "sha256sum <": lines,
