@@ -201,6 +201,33 @@ KEYS: tuple[Key, ...] = (
     # Stage dcgm
     Key("dcgm_exporter", bool, False, "run dcgm-exporter (a container) for Prometheus"),
     *_listen_keys("dcgm_exporter_address", "dcgm_exporter_port", "dcgm-exporter", 9400),
+    # Stage monitoring: the keys of helper A's block that the Grafana stage reads, as
+    # /tmp/mv/contract31.md names them (issue 31 D's branch only: A's block replaces these at
+    # the merge).
+    Key(
+        "monitoring",
+        str,
+        "none",
+        "prometheus: this host is the fleet's monitor (Prometheus, Alertmanager, the rules)",
+        choices=("none", "prometheus"),
+    ),
+    Key(
+        "monitoring_interval",
+        int,
+        30,
+        "seconds between Prometheus's scrapes and rule evaluations",
+        min=1,
+    ),
+    *_listen_keys("prometheus_address", "prometheus_port", "Prometheus (on the monitor)", 9090),
+    # Stage grafana
+    Key(
+        "grafana",
+        bool,
+        False,
+        "run Grafana (a container) on the monitor, with gpubox's dashboard; needs monitoring "
+        "'prometheus'",
+    ),
+    *_listen_keys("grafana_address", "grafana_port", "Grafana (on the monitor)", 3000),
     # Stage tools
     Key(
         "gpu_burn_compute",
