@@ -330,3 +330,66 @@ def test_a_query_of_both_backends_is_refused() -> None:
 
 def test_promtool_is_there() -> None:
     assert Path(promtool()).is_file()
+
+
+# --------------------------------------------------------------------------- real /metrics
+
+
+def scraped(path: Path, host: str, job: str, instance: str) -> list[dict[str, str]]:
+    """promtool input series for a real /metrics text as Prometheus scrapes it every minute for
+    ten minutes: each sample line with the target's labels (host, job, instance), its value kept."""
+    series = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name, _, labels = name_labels.partition("{")
+        own = labels.rstrip("}")
+        target = f'host="{host}",job="{job}",instance="{instance}"'
+        series.append(
+            {"series": f"{name}{{{target}{',' + own if own else ''}}}", "values": f"{value}x10"}
+        )
+    return series
+
+
+def test_every_llamacpp_query_returns_series_on_the_real_servers_metrics(tmp_path: Path) -> None:
+    """What the sandbox's integration test asks of Prometheus, asked of promtool: each llama.cpp
+    query, on the real llama-server's /metrics (tests/fixtures/watchdog, the pinned build),
+    returns at least one series (`count(QUERY) > bool 0` is 1, never absent)."""
+    queries = board.queries(dashboard(), "llamacpp", host="box1|box3", window="5m")
+    assert queries
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "llama.cpp's panels",
+                "interval": "1m",
+                "input_series": scraped(LLAMACPP_REAL, "box1", "backend", "127.0.0.1:8080"),
+                "promql_expr_test": [
+                    {
+                        "expr": f"count({expr}) > bool 0",
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    }
+                    for _, expr in queries
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "llamacpp_test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    done = run("test", "rules", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # teeth: a box the host regex does not select returns nothing
+    other = board.queries(dashboard(), "llamacpp", host="box2")
+    tests["tests"][0]["promql_expr_test"] = [
+        {
+            "expr": f"count({e}) > bool 0",
+            "eval_time": "10m",
+            "exp_samples": [{"labels": "{}", "value": 1}],
+        }
+        for _, e in other[:1]
+    ]
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    assert run("test", "rules", str(path)).returncode != 0
