@@ -220,6 +220,13 @@ def test_the_images_are_not_asked_and_say_why():
     assert "no registry client" in row.detail
     vllm = outdated.components(config_of(backend="vllm", docker_source="distro"), target)
     assert vllm[-1].name == "vllm" and vllm[-1].pinned == config.catalog["vllm"]["image"]
+    monitor = config_of(
+        monitoring="prometheus", grafana=True, dcgm_exporter=True, docker_source="distro"
+    )
+    grafana = outdated.components(monitor, target)[-1]
+    assert (grafana.name, grafana.repo, grafana.pinned) == (
+        "grafana", None, config.catalog["grafana"]["image"],
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- end to end

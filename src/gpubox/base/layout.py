@@ -146,3 +146,18 @@ PANEL_CTL = "/usr/local/bin/1pctl"  # the control script that holds the settings
 PANEL_BIN_DIR = "/usr/local/bin"
 PANEL_LANG_DIR = "/usr/local/bin/lang"
 PANEL_AGENT_SOCKET = "/etc/1panel/agent.sock"
+
+# --- Grafana on the fleet's monitor (gpubox.stages.grafana, docs/monitoring.md#the-dashboard):
+# a container of the catalog's image, its provisioning and gpubox's dashboard mounted read-only,
+# its database in a Docker volume of its own
+GRAFANA = "gpubox-grafana"  # the unit, and the container's name
+GRAFANA_UNIT_FILE = unit_file(GRAFANA)
+GRAFANA_DIR = "/etc/gpubox/grafana"
+GRAFANA_PROVISIONING = f"{GRAFANA_DIR}/provisioning"  # /etc/grafana/provisioning in the container
+GRAFANA_DATASOURCE = f"{GRAFANA_PROVISIONING}/datasources/gpubox.yml"
+GRAFANA_DASHBOARD_PROVIDER = f"{GRAFANA_PROVISIONING}/dashboards/gpubox.yml"
+GRAFANA_DASHBOARDS = f"{GRAFANA_DIR}/dashboards"  # the same path in the container
+GRAFANA_DASHBOARD = f"{GRAFANA_DASHBOARDS}/gpubox-fleet.json"
+# root only on the box (0640 root:root; the container's grafana user, uid 472, is in group 0)
+GRAFANA_ADMIN_PASSWORD = f"{GRAFANA_DIR}/admin-password"
+GRAFANA_VOLUME = "gpubox-grafana"  # the Docker volume at /var/lib/grafana

@@ -59,6 +59,8 @@ FULL_STAGES = (
     # the optional monitoring (docs/monitoring.md): after the backend and its watchdog, whose
     # API key and metrics it reads
     "monitoring",
+    # Grafana on the monitor, optional (docs/monitoring.md#the-dashboard), on its Prometheus
+    "grafana",
     # the optional server panel (docs/panel.md), on the Docker of the stages above
     "panel",
     "verify",

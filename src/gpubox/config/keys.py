@@ -202,6 +202,15 @@ KEYS: tuple[Key, ...] = (
     # Stage dcgm
     Key("dcgm_exporter", bool, False, "run dcgm-exporter (a container) for Prometheus"),
     *_listen_keys("dcgm_exporter_address", "dcgm_exporter_port", "dcgm-exporter", 9400),
+    # Stage grafana
+    Key(
+        "grafana",
+        bool,
+        False,
+        "run Grafana (a container) on the monitor, with gpubox's dashboard; needs monitoring "
+        "'prometheus'",
+    ),
+    *_listen_keys("grafana_address", "grafana_port", "Grafana (on the monitor)", 3000),
     # Stage tools
     Key(
         "gpu_burn_compute",

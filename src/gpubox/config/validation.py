@@ -176,6 +176,7 @@ def validate(host: str, data: Mapping[str, Any]) -> tuple[HostConfig | None, lis
     problems += _docker_users_problems(host, values, valid)
     problems += _panel_problems(host, data, values, valid)
     problems += monitoring_problems(host, values, valid)
+    problems += _grafana_problems(host, values, valid)
     problems += _advice(host, data, values, valid)
 
     errors = [p for p in problems if p.severity == "error"]
@@ -308,6 +309,35 @@ def _panel_problems(
                         host,
                         "panel_port",
                         f"{port} is also {who}'s port: choose another for the panel",
+                    )
+                )
+    return found
+
+
+def _grafana_problems(
+    host: str, values: dict[str, Any], valid: Callable[..., bool]
+) -> list[Problem]:
+    """Grafana runs on the fleet's monitor only, beside its Prometheus, on a port of its own."""
+    if not values["grafana"]:
+        return []
+    if values["monitoring"] != "prometheus":
+        return [
+            Problem(
+                host,
+                "grafana",
+                "Grafana runs on the fleet's monitor: set monitoring 'prometheus' on this host "
+                f"too, or grafana False (monitoring is {values['monitoring']!r})",
+            )
+        ]
+    found = []
+    if valid("grafana_port"):
+        for other in ("prometheus_port", "api_port"):
+            if valid(other) and values[other] == values["grafana_port"]:
+                found.append(
+                    Problem(
+                        host,
+                        "grafana_port",
+                        f"{values['grafana_port']} is also {other}: choose another for Grafana",
                     )
                 )
     return found

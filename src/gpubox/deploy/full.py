@@ -16,6 +16,7 @@ from gpubox.stages.cuda import cuda
 from gpubox.stages.dcgm import dcgm
 from gpubox.stages.docker import docker
 from gpubox.stages.driver import driver
+from gpubox.stages.grafana import grafana
 from gpubox.stages.model import model_download
 from gpubox.stages.monitoring import monitoring
 from gpubox.stages.panel import panel
@@ -38,6 +39,7 @@ STAGES = {
         backend,
         watchdog,
         monitoring,
+        grafana,
         panel,
         verify,
     )

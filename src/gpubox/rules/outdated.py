@@ -20,8 +20,8 @@ same):
 - Docker's packages: each one's major release (docker-ce 28.x, containerd.io 1.x);
 - NCCL: its pin is a pattern ("*+cuda12.8"), and the pattern is its line.
 
-The images (the DCGM exporter's, vLLM's) are not asked: gpubox has no registry client, and the
-box's `docker pull` would change the box. Their rows say so.
+The images (the DCGM exporter's, vLLM's, Grafana's) are not asked: gpubox has no registry
+client, and the box's `docker pull` would change the box. Their rows say so.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Component:
     """One pin of a host: packages installed together at one version from one repository
     (``repo``: catalog repos.<name>), or an image (``repo`` None)."""
 
-    name: str  # driver, cuda, container_toolkit, dcgm, nccl, docker, dcgm_exporter, vllm
+    name: str  # driver, cuda, container_toolkit, dcgm, nccl, docker, dcgm_exporter, vllm, grafana
     repo: str | None
     packages: tuple[str, ...]  # the first names the row; an image: its reference
     pinned: str  # an exact version, a pattern (NCCL), or an image reference
@@ -140,6 +140,9 @@ def components(config: HostConfig, target: Target) -> list[Component]:
     if config.backend == "vllm":
         image = config.catalog["vllm"]["image"]
         found.append(Component("vllm", None, (image,), image))
+    if config.grafana:
+        image = config.catalog["grafana"]["image"]
+        found.append(Component("grafana", None, (image,), image))
     return found
 
 
