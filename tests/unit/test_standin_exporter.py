@@ -208,7 +208,7 @@ def test_the_values_are_the_boxs_state_and_the_counters_those_of_the_file(tmp_pa
         "0": str(gpus[0]["temperature_c"]),
         "1": str(gpus[1]["temperature_c"]),
     }
-    assert values(text, "DCGM_FI_DEV_POWER_USAGE")["0"] == "%f" % gpus[0]["power_draw_w"]
+    assert values(text, "DCGM_FI_DEV_POWER_USAGE")["0"] == f"{gpus[0]['power_draw_w']:f}"
     assert values(text, "DCGM_FI_DEV_FB_USED") == {"0": "1000", "1": "0"}
     assert values(text, "DCGM_FI_DEV_FB_FREE") == {"0": str(32768 - 1000), "1": "32768"}
     uuids = {labels["UUID"] for _, labels, _ in samples(text)}
