@@ -190,3 +190,10 @@ MONITORING_KEYS = {
     "watchdog_grace_s",
     "watchdog_completion_every_s",
 }
+
+
+def test_the_cli_takes_one_fault_back_with_off_and_refuses_it_for_others(capsys):
+    from gpubox.sandbox import cli
+
+    assert cli.main(["fault", "desktop", "--off"]) == 1
+    assert "fault desktop has no --off: take it back with clear" in capsys.readouterr().err
