@@ -499,14 +499,12 @@ def test_each_fault_on_box_3_fires_its_alert_and_clears_within_three_minutes():
 
 def doctor_alerts(report: dict) -> dict[str, set[str]]:
     """Host -> the names of the alerts doctor shows firing for it (its JSON's per-host
-    "alerts": alert names, or alerts with an alertname)."""
+    "alerts": {"monitor", "firing": [{"alert": NAME, ...}], "error"})."""
     found: dict[str, set[str]] = {}
-    for row in report["hosts"] + report.get("fleet", []):
-        for alert in row.get("alerts") or []:
-            name = alert if isinstance(alert, str) else (
-                alert.get("alertname") or alert.get("labels", {}).get("alertname")
-            )  # fmt: skip
-            found.setdefault(row["host"], set()).add(name)
+    for row in report["hosts"]:
+        view = row.get("alerts") or {}
+        assert view.get("error") is None, view
+        found[row["host"]] = {a["alert"] for a in view.get("firing") or []}
     return found
 
 
@@ -522,7 +520,7 @@ def test_box_2_which_serves_nothing_never_fired_a_backend_alert():
 def test_every_gpu_and_llamacpp_panel_of_the_dashboard_returns_series(tmp_path):
     """Issue 31 D, evaluated against the sandbox's real Prometheus: each GPU and llama.cpp
     panel's query returns series (after a few requests, so that the rates have samples)."""
-    from gpubox.plans import grafana  # TODO(merge): helper D's query extraction
+    from gpubox.knowledge import dashboard  # helper D's query extraction
 
     box1 = tmp_path / "box1.py"
     box1.write_text(
@@ -535,16 +533,12 @@ def test_every_gpu_and_llamacpp_panel_of_the_dashboard_returns_series(tmp_path):
     rc, _, output = demo.stream(demo.in_netns(bench), merged=True)
     assert rc == 0, output[-3000:]
     time.sleep(12)  # two scrapes after the requests
-    queries = [
-        (title, expr)
-        for title, expr in grafana.queries()
-        if "DCGM_" in expr or "llamacpp:" in expr or "gpubox:output_tokens" in expr
-    ]
+    board = dashboard.load()
+    queries = dashboard.queries(board, "gpu") + dashboard.queries(board, "llamacpp", BOXES[0])
     assert queries
-    empty = []
-    for title, expr in queries:
-        concrete = re.sub(r"\$\{?host\}?", BOXES[0], expr)
-        concrete = re.sub(r"\$\{?__(rate_)?interval\}?", "1m", concrete)
-        if not prometheus("/api/v1/query", query=concrete)["result"]:
-            empty.append((title, concrete))
+    empty = [
+        (title, expr)
+        for title, expr in queries
+        if not prometheus("/api/v1/query", query=expr)["result"]
+    ]
     assert not empty, empty
