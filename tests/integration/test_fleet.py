@@ -400,6 +400,10 @@ def report(what: str, took: dict[str, float]) -> None:
 
 
 def test_monitoring_deploys_on_every_box_and_a_rerun_changes_nothing():
+    from gpubox import sandbox
+
+    for k in (1, 2, 3):  # the stand-in dcgm-exporter's image, into each box's Docker
+        sandbox.load_exporter_image(sandbox.box_info(sandbox.state_dir(k)))
     run = demo.deploy(inventory=MONITORING_INVENTORY)
     assert run.rc == 0 and not run.failed_hosts, run.output[-4000:]
     again = demo.deploy(inventory=MONITORING_INVENTORY)
