@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -66,10 +67,25 @@ def engine(tmp_path: Path, state: dict | None = None) -> Iterator[int]:
         proc.wait(timeout=10)
 
 
+# The image's python3 has only the standard library modules the check image copies
+# (build-check-image's MODULES): no idna codec, which a str host name passed to
+# socket.getaddrinfo needs. The exporter runs here without it, as there (a sitecustomize).
+NO_IDNA = """\
+import codecs, encodings
+codecs.unregister(encodings.search_function)
+find = encodings.search_function
+codecs.register(lambda name: None if name.replace("-", "_") == "idna" else find(name))
+encodings._cache.pop("idna", None)
+"""
+
+
 @contextlib.contextmanager
 def exporter(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
+    site = Path(tempfile.mkdtemp(prefix="gpubox-no-idna-"))
+    (site / "sitecustomize.py").write_text(NO_IDNA)
     environ = {
         "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(site),
         "GPUBOX_EXPORTER_LIB": str(LIB),
         **(env or {}),
     }
