@@ -36,8 +36,8 @@ def fleet():
     demo.sandbox("down", check=False)
 
 
-def doctor_json() -> dict:
-    argv = demo.in_netns([sys.executable, "-m", "gpubox.doctor", demo.INVENTORY, "--json"])
+def doctor_json(inventory: str = demo.INVENTORY) -> dict:
+    argv = demo.in_netns([sys.executable, "-m", "gpubox.doctor", inventory, "--json"])
     proc = subprocess.run(argv, cwd=demo.ROOT, text=True, capture_output=True, timeout=900)
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(proc.stdout)
@@ -477,7 +477,8 @@ def test_each_fault_on_box_3_fires_its_alert_and_clears_within_three_minutes():
         box_sh("systemctl stop gpubox-llama-server", box=3)
         took = watch({"GpuMissing": (False, t3), "BackendDown": (True, t3)})
         cleared["GpuMissing"], fired["BackendDown"] = took["GpuMissing"], took["BackendDown"]
-        doctor = doctor_alerts(doctor_json())  # box 3's firing alert, read from the monitor
+        # box 3's firing alert, read from the monitor (the inventory that names it)
+        doctor = doctor_alerts(doctor_json(MONITORING_INVENTORY))
         t4 = time.monotonic()
         box_sh("systemctl start gpubox-llama-server", box=3)
         cleared.update(watch({"BackendDown": (False, t4)}))
