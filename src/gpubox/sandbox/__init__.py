@@ -18,11 +18,20 @@ from gpubox.sandbox.box_ssh import ssh, ssh_argv, wait_ready
 from gpubox.sandbox.common import SandboxError, SandboxNotUp
 from gpubox.sandbox.faults import (
     FAULTS,
+    clear_fault,
     clear_faults,
     hardware_state,
     mok_screen,
     plant_fault,
     save_hardware_state,
+)
+from gpubox.sandbox.fleet import (
+    cut,
+    empty_model_volume,
+    fill_model_volume,
+    fleet_port,
+    monitoring_targets,
+    restore,
 )
 from gpubox.sandbox.identity import Box, current, netns_argv, state_dir, use_box
 from gpubox.sandbox.images import (
@@ -45,7 +54,14 @@ __all__ = [
     "SandboxNotUp",
     "box_info",
     "box_infos",
+    "clear_fault",
     "clear_faults",
+    "cut",
+    "empty_model_volume",
+    "fill_model_volume",
+    "fleet_port",
+    "monitoring_targets",
+    "restore",
     "current",
     "down",
     "down_all",

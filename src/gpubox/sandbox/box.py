@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.sandbox import (
+    fleet,
     hub,
     kernel,
     llamacpp,
@@ -68,7 +69,6 @@ from gpubox.sandbox.common import (
     debian_mirror,
 )
 from gpubox.sandbox.identity import (
-    BASE_NAME,
     MAX_BOXES,
     SSH_HOST,
     SSH_USER,
@@ -260,7 +260,7 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
     box_dir = boxes / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     rootfs = box_dir / "rootfs"
     (sdir / "logs").mkdir(parents=True, exist_ok=True)
-    for stale in ("stopping", "nspawn.pid", "mirror.sock", "ssh.sock"):
+    for stale in ("stopping", "nspawn.pid", "mirror.sock", *fleet.socket_names(box.number)):
         (sdir / stale).unlink(missing_ok=True)
     key = ensure_key(sdir)
     known_hosts = sdir / "known_hosts"
@@ -337,10 +337,14 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
         )
         write_state(sdir, state)
 
+        # box 3's model_dir on a small filesystem of its own (fleet.py), bound by nspawn
+        volume = fleet.mount_model_volume(sdir, box)
+        if volume:
+            state["model_volume"] = volume
+            write_state(sdir, state)
         # the supervisor, then the stand-in repository server (which exits with it)
-        (sdir / "nspawn.json").write_text(
-            json.dumps({"argv": nspawn_argv(box, rootfs, ccache), "rootfs": str(rootfs)})
-        )
+        argv = nspawn_argv(box, rootfs, ccache, volume["host_dir"] if volume else None)
+        (sdir / "nspawn.json").write_text(json.dumps({"argv": argv, "rootfs": str(rootfs)}))
         procs["supervisor"] = spawn_helper(
             box, "supervisor", ["supervise", str(sdir)], sdir / "logs" / "supervisor.log"
         )
@@ -385,8 +389,8 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
             10,
             "the ModelScope mirror",
         )
-        if box.number > 1:
-            _bridge_ssh(sdir, box, procs)
+        if box.number > 1:  # sshd and the exporters, into box 1's namespace (fleet.py)
+            fleet.bridge_all(sdir, box, procs)
             write_state(sdir, state)
         wait_for(lambda: nspawn_record(sdir) is not None, 10, "systemd-nspawn to start")
         procs["nspawn"] = nspawn_record(sdir)
@@ -413,39 +417,6 @@ def _up(sdir: Path, box: Box, rebuild: bool, progress: Progress) -> dict[str, An
             f"the box is up but {system_state}; failed units:\n" + failed_units(state)
         )
     return state
-
-
-def _bridge_ssh(sdir: Path, box: Box, procs: dict[str, Any]) -> None:
-    """Box k's sshd, reachable at 127.0.0.1:<its port> in box 1's network namespace too, where
-    pyinfra, the host checks and doctor run for the sandbox (gpubox sandbox exec): a socat
-    pair through a unix socket, as the Debian mirror's bridge."""
-    fleet_netns = Path("/run/netns") / BASE_NAME
-    if not fleet_netns.exists():
-        raise SandboxError(f"box {box.number} needs box 1 up first (its namespace {BASE_NAME})")
-    sock = sdir / "ssh.sock"
-    procs["ssh_bridge_box"] = spawn(
-        netns_argv(
-            [
-                "socat",
-                f"UNIX-LISTEN:{sock},fork,unlink-early,mode=600",
-                f"TCP:{SSH_HOST}:{box.ssh_port}",
-            ],
-            box.name,
-        ),
-        sdir / "logs" / "ssh-bridge-box.log",
-    )
-    wait_for(lambda: sock.exists(), 5, "the box side of the ssh bridge")
-    procs["ssh_bridge_fleet"] = spawn(
-        netns_argv(
-            [
-                "socat",
-                f"TCP-LISTEN:{box.ssh_port},bind={SSH_HOST},reuseaddr,fork",
-                f"UNIX-CONNECT:{sock}",
-            ],
-            BASE_NAME,
-        ),
-        sdir / "logs" / "ssh-bridge-fleet.log",
-    )
 
 
 def up_boxes(
@@ -527,8 +498,7 @@ def _down(sdir: Path, box: Box, state: dict[str, Any], progress: Progress) -> di
     if send_signal(init, signal.SIGKILL):
         wait_gone([init], 10)
     for name in (
-        "ssh_bridge_fleet",
-        "ssh_bridge_box",
+        *fleet.process_names(box.number),
         "modelscope_server",
         "hub_server",
         "repo_server",
@@ -548,8 +518,9 @@ def _down(sdir: Path, box: Box, state: dict[str, Any], progress: Progress) -> di
     with contextlib.suppress(OSError):  # nspawn's lock file for the box's directory
         st = rootfs.stat()
         Path(f"/run/systemd/nspawn/locks/inode-{st.st_dev}:{st.st_ino}").unlink()
-    for name in ("mirror.sock", "ssh.sock", "nspawn.pid", "nspawn.json"):
+    for name in ("mirror.sock", *fleet.socket_names(box.number), "nspawn.pid", "nspawn.json"):
         (sdir / name).unlink(missing_ok=True)
+    fleet.unmount_model_volume(sdir)
     if box.number == 1 and Path(state.get("repo_root", "/nonexistent"), "meta.json").exists():
         repo_index.restore(Path(state["repo_root"]))  # the sandbox ends: nothing withdrawn
 
@@ -561,6 +532,8 @@ def _down(sdir: Path, box: Box, state: dict[str, Any], progress: Progress) -> di
         problems.append(f"processes still in the box: {processes_in_namespace(pid_namespace)}")
     if rootfs.exists() and mounts_under(rootfs):
         problems.append(f"mounts left under {rootfs}: {mounts_under(rootfs)}")
+    if fleet.volume_dir(sdir).exists() and mounts_under(fleet.volume_dir(sdir)):
+        problems.append(f"the model volume is still mounted at {fleet.volume_dir(sdir)}")
     if box.netns_path.exists():
         problems.append(f"network namespace {box.name} still exists")
     if problems:

@@ -9,7 +9,9 @@ gpubox sandbox ssh [-- CMD ...]   a shell or a command in the box (exit status p
 gpubox sandbox exec -- CMD ...    a host command inside the box's network namespace,
                                   where the box is 127.0.0.1 (pyinfra, pytest)
 gpubox sandbox fault NAME|clear   plant a stand-in hardware fault (or clear them all)
-                                  (module-refuses --version V: the module loader refuses V)
+                                  (module-refuses --version V: the module loader refuses V;
+                                  NAME --off takes that one back: gpu-missing, nvlink-down,
+                                  server-frozen, volume-full, unreachable, ...)
 gpubox sandbox repo withdraw VERSION | restore
                                   the stand-in NVIDIA repository stops (starts) offering a
                                   driver build, from every box's next apt-get update
@@ -182,6 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     fault.add_argument("--gpu", type=int, help="the GPU's position in the state (0, 1)")
     fault.add_argument("--link", type=int, help="the NVLink port of that GPU")
     fault.add_argument(
+        "--off",
+        action="store_true",
+        help="take this fault back and leave the others (" + ", ".join(faults.OFF) + ")",
+    )
+    fault.add_argument(
         "--version",
         help="runfile-driver: the runfile's driver version; module-refuses: the driver version "
         "whose nvidia module the kernel refuses (required)",
@@ -264,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "fault":
             if args.name == "clear":
                 faults.clear_faults()
+            elif args.off:
+                faults.clear_fault(args.name, gpu=args.gpu, link=args.link)
             else:
                 faults.plant_fault(args.name, gpu=args.gpu, link=args.link, version=args.version)
             return 0

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpubox.sandbox import runfile_standin, standin
+from gpubox.sandbox import fleet, runfile_standin, standin
 from gpubox.sandbox.box_ssh import ssh
 from gpubox.sandbox.common import SandboxError
 from gpubox.sandbox.processes import box_info
@@ -241,7 +241,18 @@ FAULTS = {
     "runfile-driver": "what NVIDIA's .run installer leaves: its files and nvidia-uninstall",
     "module-refuses": "from the next boot the kernel refuses the nvidia module of driver "
     "--version (modprobe: Exec format error): nothing loaded, nvidia-smi fails",
+    "server-frozen": "the watchdog's API server frozen (SIGSTOP) each time a start of it answers "
+    "/health 200, so the watchdog restarts it again and again (a transient unit in the box, "
+    "gpubox-standin-freeze-server); --off or clear ends it and lets the server go on",
+    "volume-full": "the box's model volume (box 3's model_dir, a small filesystem of its own) "
+    "filled to 95 %; --off or clear empties it",
+    "unreachable": "the box cut from box 1's namespace: its bridged sshd and exporters answer "
+    "nothing there (box 2 and up); --off or clear bridges it again",
 }
+# The faults --off takes back one by one (clear takes back every fault).
+OFF = ("gpu-missing", "gpu-unbound", "nvlink-down", "persistence-off", *list(FAULTS)[-3:])
+FREEZER_UNIT = "gpubox-standin-freeze-server"
+FREEZER_PATH = "/usr/local/lib/gpubox-standin/freeze-server"
 
 
 def hardware_state(info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -298,19 +309,87 @@ def plant_fault(
         if not version:
             raise SandboxError("fault module-refuses needs the driver version: --version V")
         standin_state.refuse_module(current, version)
+    elif name == "server-frozen":
+        freeze_server(info)
+    elif name == "volume-full":
+        fleet.fill_model_volume(info)
+    elif name == "unreachable":
+        fleet.cut(info.get("box", 1))
     else:
         raise SandboxError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
     save_hardware_state(current, info)
     return current
 
 
+def freeze_server(info: dict[str, Any]) -> None:
+    """The server-frozen fault: freeze_server.py started in the box as a transient unit."""
+    script = (Path(__file__).parent / "freeze_server.py").read_text()
+    directory = FREEZER_PATH.rsplit("/", 1)[0]
+    _check(
+        ssh(f"mkdir -p {directory} && cat > {FREEZER_PATH}", check=False, info=info, input=script),
+        "writing the freezer",
+    )
+    command = (
+        f"systemctl stop {FREEZER_UNIT} 2>/dev/null; systemctl reset-failed {FREEZER_UNIT} "
+        f"2>/dev/null; systemd-run --quiet --collect --unit={FREEZER_UNIT} "
+        f"--property=RuntimeMaxSec=3600 /usr/bin/python3 {FREEZER_PATH}"
+    )
+    _check(ssh(command, check=False, timeout=60, info=info), f"starting {FREEZER_UNIT}")
+
+
+def unfreeze_server(info: dict[str, Any]) -> None:
+    """The server-frozen fault taken back: the freezer stopped (it lets the server go on)."""
+    ssh(f"systemctl stop {FREEZER_UNIT} 2>/dev/null || true", check=False, info=info)
+
+
+def clear_fault(
+    name: str,
+    gpu: int | None = None,
+    link: int | None = None,
+    info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Take back one fault (one of OFF) and leave the others; returns the stand-in state."""
+    if name not in OFF:
+        raise SandboxError(f"fault {name} has no --off: take it back with clear")
+    info = info or box_info()
+    current = hardware_state(info)
+    if name == "gpu-missing":
+        standin_state.set_gpu_present(current, 1 if gpu is None else gpu, True)
+    elif name == "gpu-unbound":
+        standin_state.set_gpu_driver_bound(current, 1 if gpu is None else gpu, True)
+    elif name == "nvlink-down":
+        standin_state.set_link_active(
+            current, 0 if gpu is None else gpu, 2 if link is None else link, True
+        )
+    elif name == "persistence-off":
+        standin_state.set_persistence_forced_off(current, False)
+    elif name == "server-frozen":
+        unfreeze_server(info)
+        return current
+    elif name == "volume-full":
+        fleet.empty_model_volume(info)
+        return current
+    elif name == "unreachable":
+        fleet.restore(info.get("box", 1))
+        return current
+    save_hardware_state(current, info)
+    return current
+
+
 def clear_faults(info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Restore the reference hardware (standin.state.default_state(), without EFI) and undo
+    """Restore the reference hardware (standin.state.default_state(), without EFI), undo
     what the secure-boot-enrolled and desktop faults planted in the box (the runfile-driver
-    fault's files stay: a fresh box has none)."""
+    fault's files stay: a fresh box has none), and take back the fleet's faults (the frozen
+    server, the filled model volume, the box cut from box 1's view)."""
     info = info or box_info()
     fresh = reference_hardware(info.get("box", 1))
     save_hardware_state(fresh, info)
+    if info.get("cut"):
+        fleet.restore(info.get("box", 1))
+    if info.get("model_volume"):
+        fleet.empty_model_volume(info)
+    if in_box(Path(info["rootfs"]), FREEZER_PATH).exists():
+        unfreeze_server(info)
     if Path(info["rootfs"], MARKER_DIR.lstrip("/")).exists():
         ssh("bash -s", timeout=600, info=info, input=clear_script())
     return fresh

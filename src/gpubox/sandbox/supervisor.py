@@ -19,6 +19,7 @@ from typing import Any
 
 from gpubox.sandbox.common import process_start_time
 from gpubox.sandbox.faults import firmware_at_boot
+from gpubox.sandbox.fleet import BOX_MODEL_DIR
 from gpubox.sandbox.identity import Box
 from gpubox.sandbox.processes import box_init, namespace_of, write_nspawn_record
 
@@ -30,9 +31,11 @@ NSPAWN_REBOOT_STATUS = 133
 CCACHE_DIR = "/var/cache/gpubox-ccache"
 
 
-def nspawn_argv(box: Box, rootfs: Path, ccache: Path) -> list[str]:
+def nspawn_argv(box: Box, rootfs: Path, ccache: Path, model_volume: str | None = None) -> list[str]:
     """How the supervisor runs the box: systemd-nspawn booting ``rootfs`` in the box's network
-    namespace, the host's compiler cache ``ccache`` bind-mounted at CCACHE_DIR."""
+    namespace, the host's compiler cache ``ccache`` bind-mounted at CCACHE_DIR, and the box's
+    model volume (a host directory: fleet.py) at its model_dir when it has one."""
+    volume = [f"--bind={model_volume}:{BOX_MODEL_DIR}"] if model_volume else []
     return [
         "systemd-nspawn",
         "--quiet",
@@ -48,6 +51,7 @@ def nspawn_argv(box: Box, rootfs: Path, ccache: Path) -> list[str]:
         "--timezone=off",
         "--link-journal=no",
         f"--bind={ccache}:{CCACHE_DIR}",
+        *volume,
         # the box's own loaded kernel modules, empty at every boot (the host's /sys/module is
         # read-only in the box and shows the host's): the stand-in module units write there
         "--tmpfs=/sys/module:mode=0755",

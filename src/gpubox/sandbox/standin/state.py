@@ -345,6 +345,34 @@ def set_gpu_nvlink_traffic(
     return state
 
 
+# The GPU's error counters DCGM reads (the stand-in dcgm-exporter serves them through the
+# stand-in nv-hostengine; absent fields read 0: STATE.md "Errors DCGM counts").
+ERROR_FIELDS = (
+    "xid_last",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "retired_pages_sbe",
+    "retired_pages_dbe",
+    "retired_pages_pending",
+    "thermal_violation_us",
+    "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+)
+
+
+def set_gpu_errors(state: State, index: int, **counts: int) -> State:
+    """Errors DCGM counts on the GPU, e.g. ``xid_last=79`` (the last XID seen),
+    ``ecc_dbe_volatile=2``, ``retired_pages_pending=1``, ``nvlink_crc_data_errors=12``
+    (ERROR_FIELDS); raises ValueError on another name."""
+    unknown = sorted(set(counts) - set(ERROR_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown GPU error field(s) {unknown}; known: {ERROR_FIELDS}")
+    _gpu_at(state, index).update(counts)
+    return state
+
+
 def profiling_module_path() -> Path:
     """Where the stand-in dcgmi looks for DCGM's profiling module: $GPUBOX_STANDIN_DCGM_
     PROFILING_MODULE, else /usr/lib/x86_64-linux-gnu/libdcgmmoduleprofiling.so.4."""
