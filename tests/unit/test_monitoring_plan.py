@@ -294,3 +294,34 @@ def test_the_counters_file_is_the_exporters_defaults_plus_every_counter_the_rule
     read = set(re.findall(r"\bDCGM_(?:FI|EXP)_[A-Z0-9_]+", rules))
     assert read and read <= set(shipped), sorted(read - set(shipped))
     assert "DCGM_EXP_GPU_HEALTH_STATUS" in shipped  # its collector runs only when listed
+
+
+RULES = FILES / "monitoring" / "alerts.yml"
+
+
+def test_the_rules_for_count_evaluations_at_the_monitors_interval(tmp_path: Path):
+    """monitoring_interval 5: each alert's for: keeps its count of evaluations (1m at 30 s is
+    10s), every other line is the shipped file's, and promtool accepts the result."""
+    shipped = RULES.read_text(encoding="utf-8")
+    assert plan.rules_for(shipped, 30) == shipped
+    fast = plan.rules_for(shipped, 5)
+    old, new = shipped.splitlines(), fast.splitlines()
+    assert len(old) == len(new)
+    changed = {(a.strip(), b.strip()) for a, b in zip(old, new, strict=True) if a != b}
+    scaled = {
+        ("for: 1m", "for: 10s"),
+        ("for: 2m", "for: 20s"),
+        ("for: 5m", "for: 50s"),
+        ("for: 10m", "for: 100s"),
+        ("for: 15m", "for: 150s"),
+    }
+    assert changed <= scaled and ("for: 1m", "for: 10s") in changed, changed
+    assert "for: 0m" in fast  # no wait stays no wait
+    slow = plan.rules_for(shipped, 60)
+    assert "for: 120s" in slow and "for: 1m" not in slow
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(fast, encoding="utf-8")
+    proc = subprocess.run(
+        [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -9,6 +9,8 @@ a run limited to some hosts writes the same scrape configuration as a whole run.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,30 @@ MOUNT_POINTS_EXCLUDE = "^/(dev|proc|run|sys|var/lib/docker/.+|var/lib/containers
 SECRET = render_secrets.PLACEHOLDER
 # Repeat intervals by severity: a critical alert is sent again every hour while it fires.
 REPEAT = {"critical": "1h", "warning": "4h", "info": "24h"}
+# The interval the shipped rules' `for:` durations are written for (monitoring_interval's
+# default): a rule's `for:` counts evaluations, so another interval scales it (rules_for).
+RULES_INTERVAL_S = 30
+FOR_LINE = re.compile(r"^(\s+for: )(\d+)([smh])$", re.M)
+UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+def rules_for(text: str, interval_s: int) -> str:
+    """The shipped rules file as the monitor runs it: each alert's ``for:`` is written for an
+    evaluation every RULES_INTERVAL_S seconds (``for: 1m``: two more evaluations that still
+    see the fault) and keeps that count of evaluations at ``interval_s`` (1m at 30 s is 10s at
+    5 s, 2m at 60 s). Nothing else changes: the range windows (``[5m]``, ``[1h]``) and the
+    thresholds stay what promtool's tests test. At the default interval the text is the
+    shipped file, byte for byte."""
+    if interval_s == RULES_INTERVAL_S:
+        return text
+
+    def scaled(match: re.Match[str]) -> str:
+        seconds = int(match[2]) * UNIT_S[match[3]]
+        if seconds == 0:
+            return match[0]
+        return f"{match[1]}{math.ceil(seconds * interval_s / RULES_INTERVAL_S)}s"
+
+    return FOR_LINE.sub(scaled, text)
 
 
 def bracket(address: str) -> str:

@@ -48,8 +48,10 @@ def ssh_hosts() -> dict[str, str]:
     return {h.name: str(h.data.get("ssh_hostname") or h.name) for h in inventory}
 
 
-def rules_text() -> str:
-    return (FILES / "monitoring" / "alerts.yml").read_text(encoding="utf-8")
+def rules_text(config: HostConfig) -> str:
+    """The shipped rules, their ``for:`` counted at the monitor's interval (plans.rules_for)."""
+    shipped = (FILES / "monitoring" / "alerts.yml").read_text(encoding="utf-8")
+    return plan.rules_for(shipped, config.monitoring_interval)
 
 
 def program(module: Any) -> str:
@@ -85,7 +87,7 @@ def monitor_files(
         layout.PROMETHEUS_DEFAULTS: plan.prometheus_defaults(config),
         layout.ALERTMANAGER_DEFAULTS: plan.alertmanager_defaults(config),
         layout.PROMETHEUS_CONFIG: plan.prometheus_yml(name, configs, ssh),
-        layout.PROMETHEUS_RULES: rules_text(),
+        layout.PROMETHEUS_RULES: rules_text(config),
     }
 
 
