@@ -116,6 +116,7 @@ def test_the_writers_own_what_the_contract_gives_them() -> None:
     assert names(metrics.WATCHDOG) == {
         "gpubox_watchdog_restarts_total",
         "gpubox_watchdog_probe_failures_total",
+        "gpubox_watchdog_probes_passing",
     }
     assert names(metrics.DEPLOY) == {
         "gpubox_deploy_last_run_timestamp_seconds",

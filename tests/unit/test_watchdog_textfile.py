@@ -19,12 +19,14 @@ from gpubox.knowledge import metrics, watchdog
 __all__ = ["frozen", "server"]  # the fixtures, from test_watchdog
 
 
-def counters(restarts: int, failures: int, unit: str = UNIT) -> str:
-    """The file as gpubox.knowledge.metrics writes the watchdog's file."""
+def counters(restarts: int, failures: int, passing: int = 0, unit: str = UNIT) -> str:
+    """The file as gpubox.knowledge.metrics writes the watchdog's file: its two counters and
+    its gauge of the runs in a row that passed."""
     return metrics.exposition(
         [
             ("gpubox_watchdog_restarts_total", {"unit": unit}, restarts),
             ("gpubox_watchdog_probe_failures_total", {"unit": unit}, failures),
+            ("gpubox_watchdog_probes_passing", {"unit": unit}, passing),
         ],
         writer=metrics.WATCHDOG,
     )
@@ -39,9 +41,10 @@ def with_textfile(url: str, tmp_path: Path) -> dict[str, Any]:
 
 def test_the_programs_text_is_metrics_py_s():
     """The program imports nothing of gpubox: its names and help must equal metrics.py's."""
-    assert [n for n, _ in watchdog.COUNTERS] == [m.name for m in metrics.of_writer("watchdog")]
-    state = {"restarts": 3, "probe_failures": 7}
-    assert watchdog.textfile_text(state, "gpubox-vllm") == counters(3, 7, "gpubox-vllm")
+    names = [n for n, _ in watchdog.COUNTERS + watchdog.GAUGES]
+    assert names == [m.name for m in metrics.of_writer("watchdog")]
+    state = {"restarts": 3, "probe_failures": 7, "passing": 2}
+    assert watchdog.textfile_text(state, "gpubox-vllm") == counters(3, 7, 2, "gpubox-vllm")
     assert watchdog.textfile_text({}, UNIT) == counters(0, 0)  # from 0
 
 
@@ -53,13 +56,25 @@ def test_only_failures_that_count_against_the_server_are_counted():
         assert watchdog.count(state, action)["probe_failures"] == 5, action
 
 
+def test_passing_counts_the_runs_in_a_row_that_passed_and_anything_else_resets_it():
+    """BackendHung clears after four passes in a row: a warm-up (a restarted server loading),
+    a busy server's run or the unit stopped is no pass, so the alert holds through them."""
+    state: dict[str, Any] = {}
+    seen = []
+    for action in ("warmup", "ok", "ok", "ok", "busy", "ok", "failure", "restart", "ok",
+                   "inactive", "ok", "ok"):  # fmt: skip
+        state = watchdog.count(state, action)
+        seen.append(state["passing"])
+    assert seen == [0, 1, 2, 3, 0, 1, 0, 0, 1, 0, 1, 2]
+
+
 def test_a_healthy_run_writes_both_counters_at_zero(server, tmp_path, monkeypatch):
     settings = with_textfile(server, tmp_path)
     monkeypatch.setattr(watchdog.subprocess, "run", Systemctl(5_000_000))
     config = one_run(settings, tmp_path, {})
     assert watchdog.main(["watchdog", str(config)]) == 0
     path = Path(settings["textfile"])
-    assert path.read_text() == counters(0, 0)
+    assert path.read_text() == counters(0, 0, 1)
     assert oct(path.stat().st_mode & 0o777) == "0o644"
     assert os.listdir(path.parent) == ["gpubox-watchdog.prom"]  # no temporary file left
 
@@ -77,7 +92,7 @@ def test_failures_and_a_restart_grow_the_counters_and_the_state_keeps_them(
         seen.append(Path(settings["textfile"]).read_text())
     # failure 1, then failure 2 = the restart, then (the same start: systemctl stood in) a
     # failure again: every run's probes failed and counted
-    assert seen == [counters(0, 1), counters(1, 2), counters(1, 3)]
+    assert seen == [counters(0, 1), counters(1, 2), counters(1, 3)]  # no pass: 0
     assert len(systemctl.restarts()) == 1
     state = json.loads(Path(settings["state_file"]).read_text())
     assert (state["restarts"], state["probe_failures"]) == (1, 3)
@@ -107,6 +122,6 @@ def test_the_counters_never_go_down_across_runs_that_pass(server, tmp_path, monk
     settings = with_textfile(server, tmp_path)
     monkeypatch.setattr(watchdog.subprocess, "run", Systemctl(5_000_000))
     config = one_run(settings, tmp_path, {"restarts": restarts, "probe_failures": 9})
-    for _ in range(2):
+    for passes in (1, 2):
         assert watchdog.main(["watchdog", str(config)]) == 0
-        assert Path(settings["textfile"]).read_text() == counters(restarts, 9)
+        assert Path(settings["textfile"]).read_text() == counters(restarts, 9, passes)

@@ -24,6 +24,7 @@ The contract with the monitoring stage (issue 31 A), which writes and scrapes th
 - **Counters stay counters.** ``gpubox_watchdog_restarts_total`` and
   ``gpubox_watchdog_probe_failures_total`` are written from the start at 0 and only grow
   (kept in the watchdog's state file), so that ``increase()`` sees the first restart.
+  ``gpubox_watchdog_probes_passing`` is a gauge: the watchdog's runs in a row that passed.
 
 Base units throughout (seconds, bytes), times as Unix timestamps in seconds
 (``_timestamp_seconds``), ``_total`` only on counters, as Prometheus's naming guide asks."""
@@ -88,6 +89,14 @@ METRICS: tuple[Metric, ...] = (
         "gpubox_watchdog_probe_failures_total",
         COUNTER,
         "Watchdog runs whose probes of the API (/health, a one-token completion) failed.",
+        ("unit",),
+        writer=WATCHDOG,
+    ),
+    Metric(
+        "gpubox_watchdog_probes_passing",
+        GAUGE,
+        "Watchdog runs in a row whose probes of the API passed (0 after a failed probe, a "
+        "restart, a start's warm-up or the unit stopped).",
         ("unit",),
         writer=WATCHDOG,
     ),

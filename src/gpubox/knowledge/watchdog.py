@@ -30,7 +30,10 @@ When the fleet is monitored (issue 31), the settings name a ``textfile``: each r
 there, for the node exporter's textfile collector, the restarts and the counted failed probes
 of the unit as two counters (``textfile_text``: gpubox_watchdog_restarts_total and
 gpubox_watchdog_probe_failures_total, as gpubox.knowledge.metrics defines them), from 0 and
-only growing (kept in the state file), written whole to a temporary name and renamed."""
+only growing (kept in the state file), and the runs in a row whose probes passed as a gauge
+(gpubox_watchdog_probes_passing: 0 after any run that was not a pass, a warm-up included, so
+that the alert BackendHung holds through a restarted server's load and clears after a few
+passing probes), written whole to a temporary name and renamed."""
 
 from __future__ import annotations
 
@@ -236,21 +239,36 @@ COUNTERS = (
     ),
 )
 COUNTED = ("failure", "restart")
+# The textfile's gauge: (name, help). A pass is a run whose probes answered ("ok"); any other
+# run (a failure, a restart, a warm-up, a busy server, the unit stopped) sets it back to 0.
+GAUGES = (
+    (
+        "gpubox_watchdog_probes_passing",
+        "Watchdog runs in a row whose probes of the API passed (0 after a failed probe, a "
+        "restart, a start's warm-up or the unit stopped).",
+    ),
+)
 
 
 def count(new: dict[str, Any], action: str) -> dict[str, Any]:
-    """The state with the run's counted failure added to ``probe_failures`` (only growing)."""
+    """The state with the run's counted failure added to ``probe_failures`` (only growing) and
+    its pass counted in ``passing`` (the runs in a row that passed; 0 after any other)."""
     failures = int(new.get("probe_failures", 0)) + (1 if action in COUNTED else 0)
-    return {**new, "probe_failures": failures}
+    passing = int(new.get("passing", 0)) + 1 if action == "ok" else 0
+    return {**new, "probe_failures": failures, "passing": passing}
 
 
 def textfile_text(state: dict[str, Any], unit: str) -> str:
-    """The watchdog's textfile: its two counters for ``unit``, from 0."""
-    values = (int(state.get("restarts", 0)), int(state.get("probe_failures", 0)))
+    """The watchdog's textfile for ``unit``: its two counters, from 0, and its gauge."""
     label = unit.replace("\\", "\\\\").replace('"', '\\"')
+    values = (
+        (COUNTERS[0], "counter", int(state.get("restarts", 0))),
+        (COUNTERS[1], "counter", int(state.get("probe_failures", 0))),
+        (GAUGES[0], "gauge", int(state.get("passing", 0))),
+    )
     lines = []
-    for (name, text), value in zip(COUNTERS, values, strict=True):
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} counter"]
+    for (name, text), kind, value in values:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
         lines.append(f'{name}{{unit="{label}"}} {value}')
     return "".join(line + "\n" for line in lines)
 
