@@ -168,11 +168,11 @@ def test_the_monitoring_inventory_makes_box_1_the_monitor_of_every_box(monkeypat
     assert box1["monitoring"] == "prometheus" and "monitoring_targets" not in box1
     assert "monitoring" not in box2 and "monitoring" not in box3
     assert all(
-        d["dcgm_exporter"] is True and d["monitoring_interval"] == 5 for d in (box1, box2, box3)
+        d["dcgm_exporter"] is True and d["monitoring_interval"] == 3 for d in (box1, box2, box3)
     )
     assert box2["monitoring_targets"] == {"node": "127.0.0.1:9110", "dcgm": "127.0.0.1:9410"}
     assert box3["monitoring_targets"] == fleet.monitoring_targets(3)
-    assert box3["watchdog_interval_s"] == 5 and box3["watchdog_failures"] == 2
+    assert box3["watchdog_interval_s"] == 2 and box3["watchdog_failures"] == 2
     for name, data in loaded.items():  # the rest is inventories/sandbox.py's, unchanged
         added = set(data) - set(plain[name])
         assert added <= {"monitoring", "monitoring_targets", *MONITORING_KEYS}
