@@ -22,7 +22,7 @@ from helpers import bench_level
 from gpubox import bench, checks, doctor, parsers
 from gpubox.base import layout
 from gpubox.checks.core import FACTS, Output, Unreachable
-from gpubox.checks.facts import SERVICES
+from gpubox.checks.facts import SERVICES, api_base
 from gpubox.config import HostConfig, load_host_config, target_for
 from gpubox.knowledge import reads
 from gpubox.parsers import SECTION, parse_unit_states
@@ -1058,3 +1058,41 @@ def test_the_panel_line_and_a_stopped_panel(tmp_path: Path):
         f"-n 30; systemctl enable --now 1panel-core; {deploy('panel')}"
     }
     assert "password" not in text.lower().replace("masked", "")
+
+
+def test_a_server_that_hangs_is_not_sent_the_api_requests(host: StandinHost):
+    """/health timed out (a frozen server, what BackendHung reports): doctor sends none of the
+    API's requests, each of which would wait its whole limit (minutes in all), and their
+    checks say why; the health check says the server does not answer."""
+    host.outputs["health"] = Output(
+        28, "000", "curl: (28) Operation timed out after 5001 milliseconds with 0 bytes received"
+    )
+    facts = doctor.gather(host, CONFIG)
+    api = [c for c in host.ran if ":8080/v1/" in c or ":8080/props" in c or ":8080/metrics" in c]
+    assert api == []
+    assert {n for n in doctor.API_REQUESTS if n in facts} == set(doctor.API_REQUESTS)
+    verdicts = doctor.evaluate("box", CONFIG, facts, INVENTORY)
+    found = failed(verdicts)
+    assert "backend.health" in found
+    assert found["backend.chat"] == (
+        "box: a streamed chat completion returns tokens: cannot tell: not sent: the API's "
+        "/health gave no answer within 5 s (the server hangs) -> {fix}"
+    ).format(fix=found["backend.chat"].rsplit(" -> ", 1)[1])
+
+
+def test_a_server_that_answers_is_sent_every_api_request(host: StandinHost):
+    doctor.gather(host, CONFIG)
+    sent = {name for command, name in host.names.items() if command in host.ran}
+    assert set(doctor.API_REQUESTS) <= sent
+
+
+def test_the_api_requests_are_every_passive_fact_that_asks_the_api_but_health():
+    """API_REQUESTS cannot go stale: it is every fact doctor reads whose command requests the
+    API (its base URL), /health aside."""
+    base = api_base(CONFIG)
+    asking = set()
+    for name, fact in FACTS.items():
+        command = None if fact.active else fact.command_for(CONFIG, TARGET)
+        if command and base + "/" in command and name != "health":
+            asking.add(name)
+    assert asking == set(doctor.API_REQUESTS)

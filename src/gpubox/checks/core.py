@@ -25,6 +25,7 @@ from gpubox.config import HostConfig, Target, target_for
 from gpubox.knowledge import reads
 
 NOT_FOUND = 127  # the shell's "command not found"
+NOT_READ = -1  # a fact deliberately not read (Facts.not_read): its stderr says why
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,8 @@ class Reading:
         not parse."""
         fact = FACTS[name]
         out = self.facts[name]
+        if out.rc == NOT_READ:
+            raise Unreadable(out.stderr)
         if out.missing:
             raise Unreadable(f"`{out.command}`: {out.first_error_line() or 'command not found'}")
         if out.rc not in fact.ok:
@@ -319,6 +322,15 @@ class Facts(Mapping[str, Output]):
         for name in names:
             with contextlib.suppress(Unreadable):
                 self[name]
+
+    def not_read(self, name: str, why: str) -> None:
+        """Record that this fact is not read, and why (its checks say "cannot tell: WHY"): a
+        fact that does not exist for this host stays unknown."""
+        if name not in self._outputs:
+            target = None if name == "os_release" else self.target
+            command = FACTS[name].command_for(self._config, target)
+            if command is not None:
+                self._outputs[name] = Output(NOT_READ, "", why, command)
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         try:

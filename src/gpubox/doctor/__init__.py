@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from gpubox.checks import Output, Verdict
 from gpubox.checks.core import Unreachable
-from gpubox.doctor.cli import doctor_checks, evaluate, gather, main
+from gpubox.doctor.cli import API_REQUESTS, doctor_checks, evaluate, gather, main
 from gpubox.doctor.render import (
     fleet_row,
     format_bench,
@@ -37,6 +37,7 @@ __all__ = [
     "fleet_row",
     "format_bench",
     "gather",
+    "API_REQUESTS",
     "host_report",
     "main",
     "render_fleet",

@@ -35,9 +35,27 @@ def doctor_checks() -> list[checks.Check]:
     return checks.select(passive=True)
 
 
+# The API requests doctor sends (each may wait minutes for a long answer), and curl's exit
+# status when /health got no answer within its 5 s: a server that hangs (frozen, deadlocked:
+# what BackendHung reports) would hold each request for its whole limit, minutes in all, so
+# they are not sent and their checks say why.
+API_REQUESTS = (
+    "api_unauthorized",
+    "api_models",
+    "api_chat",
+    "sane_short",
+    "sane_long",
+    "api_props",
+    "api_metrics",
+)
+CURL_TIMEOUT = 28
+NOT_SENT = "not sent: the API's /health gave no answer within 5 s (the server hangs)"
+
+
 def gather(run: checks.Runner, config: HostConfig) -> checks.Facts:
     """Read every passive fact of the host once (failures are outputs, never crashes). A
-    runner that raises on the first command (no connection) raises Unreachable."""
+    runner that raises on the first command (no connection) raises Unreachable. The API's
+    requests go last, and not at all when /health timed out (``API_REQUESTS``)."""
     first = True
 
     def guarded(command: str) -> checks.Output:
@@ -51,7 +69,12 @@ def gather(run: checks.Runner, config: HostConfig) -> checks.Facts:
         return run(command)
 
     facts = checks.Facts(guarded, config)
-    facts.read(name for name, fact in FACTS.items() if not fact.active)
+    facts.read(n for n, fact in FACTS.items() if not fact.active and n not in API_REQUESTS)
+    health = facts.get("health")
+    if health is not None and health.rc == CURL_TIMEOUT:
+        for name in API_REQUESTS:
+            facts.not_read(name, NOT_SENT)
+    facts.read(API_REQUESTS)
     return facts
 
 
