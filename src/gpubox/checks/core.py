@@ -301,11 +301,15 @@ class Facts(Mapping[str, Output]):
             self._target = target_for(release, self._config.catalog) if release else None
         return self._target  # type: ignore[return-value]
 
+    def _command(self, name: str) -> tuple[str | None, Target | None]:
+        """The fact's command on this host (None: the fact does not exist here), and the OS
+        target it was chosen for."""
+        target = None if name == "os_release" else self.target
+        return FACTS[name].command_for(self._config, target), target
+
     def __getitem__(self, name: str) -> Output:
         if name not in self._outputs:
-            fact = FACTS[name]
-            target = None if name == "os_release" else self.target
-            command = fact.command_for(self._config, target)
+            command, target = self._command(name)
             if command is None:
                 raise Unreadable(f"{name}: not read on this host ({_why_not(name, target)})")
             try:
@@ -326,11 +330,9 @@ class Facts(Mapping[str, Output]):
     def not_read(self, name: str, why: str) -> None:
         """Record that this fact is not read, and why (its checks say "cannot tell: WHY"): a
         fact that does not exist for this host stays unknown."""
-        if name not in self._outputs:
-            target = None if name == "os_release" else self.target
-            command = FACTS[name].command_for(self._config, target)
-            if command is not None:
-                self._outputs[name] = Output(NOT_READ, "", why, command)
+        command = None if name in self._outputs else self._command(name)[0]
+        if command is not None:
+            self._outputs[name] = Output(NOT_READ, "", why, command)
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         try:

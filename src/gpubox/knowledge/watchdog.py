@@ -261,13 +261,10 @@ def count(new: dict[str, Any], action: str) -> dict[str, Any]:
 def textfile_text(state: dict[str, Any], unit: str) -> str:
     """The watchdog's textfile for ``unit``: its two counters, from 0, and its gauge."""
     label = unit.replace("\\", "\\\\").replace('"', '\\"')
-    values = (
-        (COUNTERS[0], "counter", int(state.get("restarts", 0))),
-        (COUNTERS[1], "counter", int(state.get("probe_failures", 0))),
-        (GAUGES[0], "gauge", int(state.get("passing", 0))),
-    )
+    kinds = ("counter",) * len(COUNTERS) + ("gauge",) * len(GAUGES)
+    values = [int(state.get(key, 0)) for key in ("restarts", "probe_failures", "passing")]
     lines = []
-    for (name, text), kind, value in values:
+    for (name, text), kind, value in zip(COUNTERS + GAUGES, kinds, values, strict=True):
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
         lines.append(f'{name}{{unit="{label}"}} {value}')
     return "".join(line + "\n" for line in lines)
